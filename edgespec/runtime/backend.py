@@ -1,0 +1,112 @@
+"""The backend protocol: what the speculative loop needs from a model runtime, and nothing more.
+
+A backend owns one model and one KV cache holding `tokens`. `forward` appends tokens to the cache and
+returns logits only for the last `n_logits` of them (a verify pass needs k+1 rows, a draft step one,
+a prefill none), so no backend ever holds an n_ctx x n_vocab buffer. `rollback(n)` truncates the cache
+to its first n tokens. Third-party runtimes are imported only in their adapter modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Facts about a vocabulary that decide whether two models can form a pair."""
+
+    texts: tuple[bytes, ...] = field(repr=False)  # token id -> its string in the vocabulary
+    pieces: tuple[bytes, ...] = field(repr=False)  # token id -> bytes it prints (control tokens: b"")
+    bos_id: int
+    eos_id: int
+    eog_ids: frozenset[int]  # every id that ends generation (EOS, EOT, <|im_end|>, ...)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.texts)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the token texts, for manifests and messages."""
+        return hashlib.sha256(b"\0".join(self.texts)).hexdigest()[:16]
+
+
+def check_compatible(target: Vocab, draft: Vocab) -> None:
+    """Raise EdgespecError naming the first difference between two vocabularies, if any."""
+    if target.n_vocab != draft.n_vocab:
+        raise EdgespecError(
+            f"draft vocabulary has {draft.n_vocab} tokens but the target's has {target.n_vocab}: "
+            "the draft must share the target's tokenizer"
+        )
+    for name in ("bos_id", "eos_id"):
+        if getattr(target, name) != getattr(draft, name):
+            raise EdgespecError(
+                f"draft {name} is {getattr(draft, name)} but the target's is {getattr(target, name)}: "
+                "the draft must share the target's tokenizer"
+            )
+    if target.eog_ids != draft.eog_ids:
+        raise EdgespecError(
+            f"draft end-of-generation ids {sorted(draft.eog_ids)} differ from the target's "
+            f"{sorted(target.eog_ids)}: the draft must share the target's tokenizer"
+        )
+    if target.texts != draft.texts:
+        i = next(i for i, (a, b) in enumerate(zip(target.texts, draft.texts)) if a != b)
+        raise EdgespecError(
+            f"draft token {i} is {draft.texts[i]!r} but the target's is {target.texts[i]!r}: "
+            "the draft must share the target's tokenizer"
+        )
+
+
+class Backend(Protocol):
+    name: str  # a label for messages and stats, e.g. the file name
+    vocab: Vocab
+    n_ctx: int
+    tokens: list[int]  # what the KV cache holds, in order
+
+    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append tokens to the cache; return logits [n_logits, V] for the last n_logits of them."""
+        ...
+
+    def rollback(self, n_past: int) -> None:
+        """Truncate the cache to its first n_past tokens."""
+        ...
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Text to ids; with special, the vocabulary's BOS is added (if it wants one) and special
+        token texts such as <|im_end|> parse as their ids."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The Jinja chat template from the model's metadata, if it has one."""
+        ...
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held: at least `weights` and `kv_cache`."""
+        ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
+    return int(diff[0]) if len(diff) else n
+
+
+def sync(backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    """Make the cache hold exactly `tokens`, reusing the longest cached prefix.
+
+    All rollback arithmetic lives here. Returns logits for the last n_logits tokens; at least that
+    many are re-run even when cached, since a cache keeps no logits.
+    """
+    keep = min(common_prefix(backend.tokens, tokens), len(tokens) - n_logits)
+    # always truncate: after an interrupted forward the cache may hold more than `tokens` says
+    backend.rollback(keep)
+    return backend.forward(tokens[keep:], n_logits)

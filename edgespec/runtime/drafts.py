@@ -1,0 +1,79 @@
+"""Drafters: who proposes the next k tokens. The loop verifies; a drafter only guesses.
+
+A drafter returns tokens [<=k] and the probabilities it drew them from [<=k, V]. A deterministic
+guess (prompt lookup) is a one-hot distribution, for which the verification rule reduces to
+"accept with the target's probability of that token", and stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from edgespec.runtime.backend import Backend, check_compatible, sync
+from edgespec.runtime.sampling import SamplingParams, sample, to_probs
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
+        """Up to k tokens continuing `context`, and their draft probabilities [len, V]."""
+        ...
+
+
+class ModelDrafter:
+    """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache."""
+
+    def __init__(self, backend: Backend, target_vocab=None):
+        if target_vocab is not None:
+            check_compatible(target_vocab, backend.vocab)
+        self.backend = backend
+        self.name = f"model:{backend.name}"
+
+    def propose(self, context, k, params, rng):
+        if k == 0 or len(context) + k > self.backend.n_ctx:
+            return [], np.empty((0, self.backend.vocab.n_vocab))
+        logits = sync(self.backend, context, 1)[0]  # [V]
+        tokens, rows = [], []
+        eog = self.backend.vocab.eog_ids
+        while True:
+            probs = to_probs(logits, params)  # [V]
+            token = sample(probs, rng)
+            tokens.append(token)
+            rows.append(probs)
+            if len(tokens) == k or token in eog:  # nothing worth drafting past the end
+                break
+            logits = self.backend.forward([token], 1)[0]
+        return tokens, np.stack(rows)
+
+
+class PromptLookupDrafter:
+    """Prompt lookup decoding: find the latest earlier occurrence of the context's last n-gram
+    (longest n first) and propose the tokens that followed it. Costs no model call."""
+
+    def __init__(self, n_vocab: int, max_ngram: int = 3, min_ngram: int = 1):
+        self.n_vocab, self.max_ngram, self.min_ngram = n_vocab, max_ngram, min_ngram
+        self.name = "ngram"
+
+    def propose(self, context, k, params, rng):
+        tokens = lookup(np.asarray(context), k, self.max_ngram, self.min_ngram)
+        probs = np.zeros((len(tokens), self.n_vocab))  # [len, V], one-hot rows
+        probs[np.arange(len(tokens)), tokens] = 1.0
+        return tokens, probs
+
+
+def lookup(context: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Tokens that followed the most recent earlier match of the longest matching suffix n-gram."""
+    n_ctx = len(context)
+    if k == 0:
+        return []
+    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [n_ctx - n, n]
+        starts = np.nonzero((windows == context[-n:]).all(axis=1))[0]
+        if len(starts):
+            follow = starts[-1] + n
+            return context[follow:follow + k].tolist()
+    return []

@@ -1,0 +1,189 @@
+"""GGUF models through llama-cpp-python's low-level API (the only module that imports llama_cpp).
+
+One model, one context, one sequence. `forward` builds a llama_batch that asks for logits only at
+the positions the caller needs, and the context's output buffer is capped at MAX_OUTPUTS rows, so
+neither llama.cpp nor we hold n_ctx x n_vocab floats. Rollback is `llama_memory_seq_rm`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import Vocab
+
+MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
+GGUF_MAGIC = b"GGUF"
+
+_llama = None  # the llama_cpp module, imported on first use
+
+
+def _lib():
+    global _llama
+    if _llama is None:
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise EdgespecError(
+                "GGUF models need llama-cpp-python: pip install 'edgespec[gguf]' (or run make install)"
+            ) from e
+        llama_cpp.llama_backend_init()
+        # llama.cpp logs every load to stderr; keep a reference so the callback is not collected
+        llama_cpp._edgespec_quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        if not os.environ.get("EDGESPEC_LLAMA_LOG"):
+            llama_cpp.llama_log_set(llama_cpp._edgespec_quiet_log, ctypes.c_void_p())
+        _llama = llama_cpp
+    return _llama
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Raise a clear error unless `path` is a readable file that starts like a GGUF."""
+    path = Path(path)
+    if not path.exists():
+        raise EdgespecError(f"model file not found: {path}")
+    if not path.is_file():
+        raise EdgespecError(f"model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise EdgespecError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    return path
+
+
+class LlamaBackend:
+    """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
+                 n_gpu_layers: int = 0):
+        path = check_gguf_file(path)
+        lib = _lib()
+        self.name = path.name
+        self.path = path
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load {path}: the GGUF is corrupt, truncated or "
+                                "of an architecture this llama.cpp build does not know")
+        n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        cparams = lib.llama_context_default_params()
+        n_ctx_train = lib.llama_model_n_ctx_train(self._model)
+        cparams.n_ctx = n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(512, n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_outputs_max = MAX_OUTPUTS
+        cparams.n_threads = cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._vocab_p = lib.llama_model_get_vocab(self._model)
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = lib.llama_n_batch(self._ctx)
+        self.n_threads = n_threads
+        self.vocab = self._read_vocab()
+        self.tokens: list[int] = []
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+
+    def _read_vocab(self) -> Vocab:
+        lib, v = _llama, self._vocab_p
+        n = lib.llama_vocab_n_tokens(v)
+        buf = ctypes.create_string_buffer(256)
+        pieces = []
+        for i in range(n):
+            size = lib.llama_token_to_piece(v, i, buf, len(buf), 0, False)
+            if size < 0:  # longer than the buffer: ask again with the size it reported
+                big = ctypes.create_string_buffer(-size)
+                size = lib.llama_token_to_piece(v, i, big, len(big), 0, False)
+                pieces.append(big.raw[:size])
+            else:
+                pieces.append(buf.raw[:size])
+        return Vocab(
+            texts=tuple(lib.llama_vocab_get_text(v, i) or b"" for i in range(n)),
+            pieces=tuple(pieces),
+            bos_id=lib.llama_vocab_bos(v),
+            eos_id=lib.llama_vocab_eos(v),
+            eog_ids=frozenset(i for i in range(n) if lib.llama_vocab_is_eog(v, i)),
+        )
+
+    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        lib = _llama
+        n = len(tokens)
+        if not 0 <= n_logits <= min(n, MAX_OUTPUTS):
+            raise ValueError(f"n_logits={n_logits} for {n} tokens (at most {MAX_OUTPUTS})")
+        if len(self.tokens) + n > self.n_ctx:
+            raise EdgespecError(f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}")
+        out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        b = self._batch
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            first_out = n - n_logits - start  # index in this chunk of the first position with logits
+            for j, tok in enumerate(chunk):
+                b.token[j] = tok
+                b.pos[j] = len(self.tokens) + j
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+                b.logits[j] = int(j >= first_out)
+            b.n_tokens = len(chunk)
+            rc = lib.llama_decode(self._ctx, b)
+            if rc != 0:
+                self.rollback(len(self.tokens))  # drop whatever part of the chunk got in
+                raise EdgespecError(f"llama_decode failed with code {rc} on {self.name}")
+            self.tokens.extend(chunk)
+            for j in range(max(first_out, 0), len(chunk)):
+                row = lib.llama_get_logits_ith(self._ctx, j)
+                out[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.vocab.n_vocab,))
+        return out
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < 0 or n_past > len(self.tokens):
+            raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        if not _llama.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+            raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
+        del self.tokens[n_past:]
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (_llama.llama_token * cap)()
+        n = _llama.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, special, special)
+        if n < 0:
+            cap = -n
+            buf = (_llama.llama_token * cap)()
+            n = _llama.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, special, special)
+        return list(buf[:n])
+
+    def chat_template(self) -> str | None:
+        tmpl = _llama.llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def memory(self) -> dict[str, int]:
+        lib, m = _llama, self._model
+        head_dim = lib.llama_model_n_embd(m) // max(lib.llama_model_n_head(m), 1)
+        kv_per_token = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * head_dim * 2  # f16
+        return {
+            "weights": int(lib.llama_model_size(m)),
+            "kv_cache": kv_per_token * self.n_ctx,
+            "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4,
+        }
+
+    def close(self) -> None:
+        """Free the context and the model; the backend is unusable afterwards."""
+        if getattr(self, "_ctx", None):
+            _llama.llama_batch_free(self._batch)
+            _llama.llama_free(self._ctx)
+            _llama.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

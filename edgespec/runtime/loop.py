@@ -1,0 +1,173 @@
+"""The speculative decoding loop: one generator of events, for every caller.
+
+Invariant between rounds: the target's cache holds `committed[:-1]`; the last committed token is
+fed at the head of the next verify pass, so a pass over [last, d_1..d_k] yields the k+1 rows of
+target logits the rule needs. After the rule keeps n drafts, the cache is rolled back to drop the
+k - n rejected ones. The draft model (if any) keeps its own cache and re-syncs at its next proposal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import Backend, sync
+from edgespec.runtime.cost import DraftController
+from edgespec.runtime.drafts import Drafter
+from edgespec.runtime.sampling import SamplingParams, to_probs
+from edgespec.runtime.text import TextStream
+from edgespec.runtime.verify import verify
+
+
+@dataclass(frozen=True)
+class Event:
+    token: int | None  # None only for the last event, which releases text held back to the end
+    text: str  # what became printable with this token (may be "" or span earlier tokens)
+    from_draft: bool  # True when a draft proposed it and the target accepted it
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0  # target verify passes after the prefill
+    accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
+    draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    decode_s: float = 0.0  # wall time after the prefill
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context"
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean accepted drafts over rounds that drafted something."""
+        n = sum(self.accept_counts.values())
+        return sum(k * c for k, c in self.accept_counts.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_length_histogram": {str(k): v for k, v in sorted(self.accept_counts.items())},
+            "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
+            "target_passes": self.rounds,
+            "prefill_time_s": round(self.prefill_s, 4),
+            "draft_time_s": round(self.draft_s, 4),
+            "target_time_s": round(self.target_s, 4),
+            "decode_time_s": round(self.decode_s, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "finish_reason": self.finish_reason,
+        }
+
+
+def speculate(
+    target: Backend,
+    drafter: Drafter | None,
+    controller: DraftController | None,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    *,
+    max_tokens: int,
+    stop: Sequence[str] = (),
+    draft_max: int | None = None,
+    stats: Stats | None = None,
+) -> Iterator[Event]:
+    """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
+
+    draft_max fixes the draft length (0 = target only); None lets the controller choose each round.
+
+    Output is distributed exactly as target-only sampling with `params`, whatever the drafter.
+    Fills `stats` (pass one in to read it afterwards), including the reason generation ended.
+    """
+    stats = stats if stats is not None else Stats()
+    if not prompt:
+        raise EdgespecError("the prompt is empty")
+    if max_tokens < 1:
+        raise EdgespecError(f"max tokens must be at least 1, got {max_tokens}")
+    if len(prompt) >= target.n_ctx:
+        raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
+                            "shorten the prompt or raise --ctx")
+    committed = list(prompt)
+    stats.prompt_tokens = len(prompt)
+    eog, pieces = target.vocab.eog_ids, target.vocab.pieces
+    text = TextStream(stop)
+
+    t_start = time.perf_counter()
+    sync(target, committed[:-1], 0)
+    t_decode = time.perf_counter()
+    stats.prefill_s += t_decode - t_start
+
+    try:
+        while stats.finish_reason is None:
+            room = target.n_ctx - len(committed)  # the pass appends 1 + k tokens to len - 1 cached
+            if room <= 0:
+                stats.finish_reason = "context"
+                break
+            k = 0
+            if drafter is not None:
+                k = controller.choose() if draft_max is None else draft_max
+                k = min(k, room - 1, max_tokens - stats.generated - 1)
+
+            t0 = time.perf_counter()
+            drafts, draft_probs = drafter.propose(committed, k, params, rng) if k > 0 else ([], None)
+            t1 = time.perf_counter()
+            logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
+            target_probs = to_probs(logits, params)  # [k+1, V]
+            if drafts:
+                n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts), rng)
+            else:
+                n_acc, token = verify(target_probs, target_probs[:0], np.empty(0, dtype=np.int64), rng)
+            t2 = time.perf_counter()
+            target.rollback(len(committed) + n_acc)
+
+            stats.rounds += 1
+            stats.draft_s += t1 - t0
+            stats.target_s += t2 - t1
+            stats.draft_lengths[len(drafts)] += 1
+            if drafts:
+                stats.drafted += len(drafts)
+                stats.accepted += n_acc
+                stats.accept_counts[n_acc] += 1
+            if drafter is not None:
+                controller.observe(len(drafts), n_acc, t1 - t0, t2 - t1)
+
+            for i, tok in enumerate([*drafts[:n_acc], token]):
+                committed.append(tok)
+                if tok in eog:
+                    stats.finish_reason = "stop"
+                    break
+                stats.generated += 1
+                piece = text.feed(pieces[tok])
+                yield Event(tok, piece, from_draft=i < n_acc)
+                if text.stopped:
+                    stats.finish_reason = "stop"
+                    break
+                if stats.generated >= max_tokens:
+                    stats.finish_reason = "length"
+                    break
+        tail = text.flush()
+        if tail:
+            yield Event(None, tail, from_draft=False)
+    finally:
+        stats.decode_s += time.perf_counter() - t_decode
