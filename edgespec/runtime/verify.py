@@ -14,6 +14,21 @@ import numpy as np
 from edgespec.runtime.sampling import sample
 
 
+def acceptance_prob(target_row: np.ndarray, draft_row: np.ndarray, token: int) -> float:
+    """min(1, target/draft) for a token the draft proposed (rows [V])."""
+    p_draft = draft_row[token]
+    return min(1.0, target_row[token] / p_draft) if p_draft > 0 else 0.0
+
+
+def residual(target_row: np.ndarray, draft_row: np.ndarray) -> np.ndarray:
+    """The law to sample from after a rejection: normalised max(0, target - draft) [V]."""
+    diff = np.maximum(target_row - draft_row, 0.0)
+    total = diff.sum()
+    # total == 0 only when target == draft, where a rejection has probability zero; if float noise
+    # gets here anyway, the target row is the right law.
+    return diff / total if total > 0 else target_row
+
+
 def verify(
     target_probs: np.ndarray,  # [k+1, V]
     draft_probs: np.ndarray,  # [k, V]
@@ -24,14 +39,6 @@ def verify(
     k = len(draft_tokens)
     assert target_probs.shape[0] == k + 1 and draft_probs.shape[0] == k
     for i, token in enumerate(draft_tokens):
-        p_target = target_probs[i, token]
-        p_draft = draft_probs[i, token]
-        # p_draft > 0 always holds for a token the draft sampled; guard anyway against a bad draft
-        if p_draft > 0 and rng.random() * p_draft < p_target:
-            continue
-        residual = np.maximum(target_probs[i] - draft_probs[i], 0.0)
-        total = residual.sum()
-        # total == 0 only when target == draft on this row, where rejection has probability zero;
-        # floating-point noise can still get here, and then the target row is the right law.
-        return i, sample(residual / total if total > 0 else target_probs[i], rng)
+        if rng.random() >= acceptance_prob(target_probs[i], draft_probs[i], token):
+            return i, sample(residual(target_probs[i], draft_probs[i]), rng)
     return k, sample(target_probs[k], rng)

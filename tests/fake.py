@@ -1,0 +1,63 @@
+"""A table-driven fake backend: next-token logits depend only on the last token (a Markov chain).
+
+Small enough that exact target distributions over a few tokens can be written down, and it records
+every forward call so tests can check what the loop asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.runtime.backend import Vocab
+
+EOS = 0
+
+
+def make_vocab(n_vocab: int, eos: int = EOS) -> Vocab:
+    pieces = tuple(b"<eos>" if i == eos else bytes([ord("a") + i % 26]) for i in range(n_vocab))
+    return Vocab(texts=pieces, pieces=tuple(b"" if i == eos else p for i, p in enumerate(pieces)),
+                 bos_id=eos, eos_id=eos, eog_ids=frozenset([eos]))
+
+
+class FakeBackend:
+    def __init__(self, table: np.ndarray, *, n_ctx: int = 256, vocab: Vocab | None = None, name: str = "fake"):
+        self.table = np.asarray(table, dtype=np.float64)  # [V, V]: row = last token, values = next logits
+        self.vocab = vocab or make_vocab(self.table.shape[0])
+        self.n_ctx = n_ctx
+        self.name = name
+        self.tokens: list[int] = []
+        self.calls: list[tuple[int, int]] = []  # (tokens fed, logits rows asked)
+
+    def forward(self, tokens, n_logits):
+        assert 0 <= n_logits <= len(tokens)
+        assert len(self.tokens) + len(tokens) <= self.n_ctx, "the loop overflowed the context"
+        self.calls.append((len(tokens), n_logits))
+        self.tokens.extend(tokens)
+        last = self.tokens[len(self.tokens) - n_logits:] if n_logits else []
+        return self.table[last]  # [n_logits, V]
+
+    def rollback(self, n_past):
+        assert 0 <= n_past <= len(self.tokens)
+        del self.tokens[n_past:]
+
+    def tokenize(self, text, *, special):
+        return [ord(c) - ord("a") + 1 for c in text]
+
+    def chat_template(self):
+        return "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+    def memory(self):
+        return {"weights": self.table.nbytes, "kv_cache": 0}
+
+
+def random_table(rng: np.random.Generator, n_vocab: int, sharpness: float = 2.0) -> np.ndarray:
+    """Random next-token logits [V, V]."""
+    return rng.normal(scale=sharpness, size=(n_vocab, n_vocab))
+
+
+def deterministic_table(next_token: dict[int, int], n_vocab: int) -> np.ndarray:
+    """A chain that always moves from token a to next_token[a] (others: to token 1)."""
+    table = np.full((n_vocab, n_vocab), -30.0)
+    for a in range(n_vocab):
+        table[a, next_token.get(a, 1)] = 30.0
+    return table

@@ -1,0 +1,172 @@
+"""The speculative loop on a table-driven fake backend: bookkeeping, stops, and exactness."""
+
+import itertools
+
+import numpy as np
+import pytest
+from fake import EOS, FakeBackend, deterministic_table, random_table
+from stats_util import ALPHA, goodness_of_fit
+from test_verify import without_residual
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime import loop as loop_module
+from edgespec.runtime.cost import DraftController
+from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.loop import Stats, speculate
+from edgespec.runtime.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+V = 6
+
+
+def controller(k_max=4):
+    return DraftController({n: 1.0 for n in range(1, 17)}, draft_cost=0.01, k_max=k_max)
+
+
+def run(target, drafter, prompt, *, max_tokens=20, draft_max=None, params=GREEDY, seed=0, stop=()):
+    stats = Stats()
+    events = list(speculate(target, drafter, controller(), prompt, params, np.random.default_rng(seed),
+                            max_tokens=max_tokens, stop=stop, draft_max=draft_max, stats=stats))
+    return events, stats
+
+
+def tokens_of(events):
+    return [e.token for e in events if e.token is not None]
+
+
+CHAIN = {1: 2, 2: 3, 3: 4, 4: 5, 5: 1}  # 1 2 3 4 5 1 2 ... never EOS
+
+
+def test_all_accepted_rounds_end_with_the_bonus_token():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table(CHAIN, V))
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=12, draft_max=3)
+    assert tokens_of(events) == [2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    # every round: 3 drafts accepted + 1 bonus from the target
+    assert stats.rounds == 3 and stats.accept_counts == {3: 3} and stats.drafted == stats.accepted == 9
+    assert [e.from_draft for e in events[:4]] == [True, True, True, False]
+    assert target.calls[1:] == [(4, 4)] * 3  # verify passes of last token + 3 drafts, 4 logits rows
+
+
+def test_rollback_keeps_target_cache_equal_to_committed_prefix():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    wrong = {**CHAIN, 3: 1}  # the draft goes wrong after token 3
+    draft = FakeBackend(deterministic_table(wrong, V))
+    prompt = [5, 1]
+    stats = Stats()
+    gen = speculate(target, ModelDrafter(draft, target.vocab), controller(), prompt, GREEDY,
+                    np.random.default_rng(0), max_tokens=30, draft_max=4, stats=stats)
+    committed = list(prompt)
+    for event in gen:
+        if event.token is None:
+            continue
+        committed.append(event.token)
+        # the cache never holds a rejected token: it and the output agree on their common length
+        n = min(len(target.tokens), len(committed))
+        assert target.tokens[:n] == committed[:n]
+    assert committed[2:] == list(itertools.islice(itertools.cycle([2, 3, 4, 5, 1]), 30))
+    assert 0 < stats.acceptance_rate < 1
+    assert target.tokens == committed[:-1]
+
+
+def test_eos_inside_a_draft_ends_generation_without_emitting_it():
+    chain = {1: 2, 2: 3, 3: EOS}
+    target = FakeBackend(deterministic_table(chain, V))
+    draft = FakeBackend(deterministic_table({**chain, EOS: 4}, V))
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=20, draft_max=5)
+    assert tokens_of(events) == [2, 3]
+    assert stats.finish_reason == "stop" and stats.generated == 2
+    assert stats.drafted == 3  # the draft stopped proposing at its own EOS
+
+
+def test_max_tokens_caps_the_draft_of_the_last_round():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table(CHAIN, V))
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=6, draft_max=4)
+    assert tokens_of(events) == [2, 3, 4, 5, 1, 2]
+    assert stats.finish_reason == "length"
+    # round 1: 4 drafts + bonus = 5 tokens; round 2 has room for one token, so it drafts nothing
+    assert target.calls[1:] == [(5, 5), (1, 1)]
+
+
+def test_stop_string_inside_an_accepted_draft():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table(CHAIN, V))
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=20, draft_max=4, stop=["de"])
+    assert "".join(e.text for e in events) == "c" and stats.finish_reason == "stop"
+    assert stats.accepted == 4  # the round was accepted whole; the stop string cut it
+
+
+def test_stop_string_ends_generation_and_is_not_printed():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    events, stats = run(target, None, [1], max_tokens=20, stop=["de"])  # tokens 2, 3, 4 print c, d, e
+    assert "".join(e.text for e in events) == "c"
+    assert stats.finish_reason == "stop"
+
+
+def test_context_full_ends_with_a_stated_reason():
+    target = FakeBackend(deterministic_table(CHAIN, V), n_ctx=10)
+    draft = FakeBackend(deterministic_table(CHAIN, V), n_ctx=10)
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [1, 2, 3], max_tokens=50, draft_max=4)
+    assert stats.finish_reason == "context" and len(tokens_of(events)) == 7
+
+
+def test_prompt_longer_than_context_is_a_user_error():
+    target = FakeBackend(deterministic_table(CHAIN, V), n_ctx=4)
+    with pytest.raises(EdgespecError, match="context"):
+        run(target, None, [1, 2, 3, 4, 5])
+
+
+def test_prompt_lookup_proposes_the_continuation_of_the_last_ngram():
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    events, stats = run(target, PromptLookupDrafter(V), [1, 2, 3, 4, 5, 1, 2], max_tokens=10, draft_max=4)
+    assert tokens_of(events) == [3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    assert stats.acceptance_rate == 1.0
+
+
+def test_seed_reproducibility():
+    rng = np.random.default_rng(3)
+    t_table, d_table = random_table(rng, V), random_table(rng, V)
+    outs = []
+    for _ in range(2):
+        target, draft = FakeBackend(t_table), FakeBackend(d_table)
+        events, _ = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=15, draft_max=3,
+                        params=SamplingParams(temperature=1.0), seed=11)
+        outs.append(tokens_of(events))
+    assert outs[0] == outs[1]
+
+
+def markov_law(table, params, start, n):
+    """Exact law of the next n tokens of the target chain after `start` (EOS made impossible)."""
+    from edgespec.runtime.sampling import to_probs
+
+    probs = to_probs(table, params)
+    law = {}
+    for seq in itertools.product(range(1, table.shape[0]), repeat=n):
+        p, last = 1.0, start
+        for tok in seq:
+            p, last = p * probs[last, tok], tok
+        law[seq] = p
+    return law
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)])
+def test_speculative_sequences_follow_the_target_chain(monkeypatch, broken, params):
+    """Three tokens from the loop with a model draft (which drafts from a different chain): their
+    joint law is the target chain's; it is not once the residual step is removed."""
+    if broken and params.top_k:
+        pytest.skip("the broken rule is checked once")
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(loop_module, "verify", without_residual)
+    target, draft = FakeBackend(t_table), FakeBackend(d_table)
+    drafter = ModelDrafter(draft, target.vocab)
+    draws = []
+    for seed in range(6000):
+        events, _ = run(target, drafter, [1], max_tokens=3, draft_max=3, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+    p = goodness_of_fit(draws, markov_law(t_table, params, 1, 3))
+    assert (p < ALPHA) == broken, p
