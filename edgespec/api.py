@@ -20,7 +20,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import Backend
-from edgespec.runtime.cost import DraftController, measure_pass_costs
+from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
 from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
@@ -28,7 +28,12 @@ from edgespec.runtime.text import render_chat
 
 DEFAULT_DRAFT = "ngram"  # best draft for the default model today; trained drafts come later
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
-Prompt = "str | Sequence[dict]"
+CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
+    "Sure! Here is a short answer. The sky looks blue because air molecules scatter short (blue) "
+    "wavelengths of sunlight more than long (red) ones; this is called Rayleigh scattering.\n\n"
+    "```python\ndef add(a, b):\n    return a + b\n```\n"
+    "Let me know if you have any other questions."
+)
 
 
 @dataclass
@@ -160,4 +165,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     controller = None
     if drafter is not None:
         controller = DraftController(measure_pass_costs(target_backend, k_max + 1), draft_cost, k_max)
+    if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
+        a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
+        controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
     return Engine(target_backend, drafter, controller, draft_backend)

@@ -16,6 +16,7 @@ from edgespec.runtime.backend import Backend
 
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
+PRIOR_WEIGHT = 8.0  # pseudo-rounds behind a prior acceptance measured at load
 PROBE_EVERY = 32  # rounds at k = 0 before one k = 1 round re-tests acceptance
 
 
@@ -24,6 +25,25 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def agreement(target: Backend, draft: Backend, tokens: list[int]) -> float:
+    """Fraction of positions of `tokens` where both models' greedy choices agree (teacher-forced).
+
+    A prior for the acceptance rate before any round has run; both caches are left empty.
+    """
+    agree = 0
+    tokens = tokens[:min(target.n_ctx, draft.n_ctx)]
+    for backend in (target, draft):
+        backend.rollback(0)
+    for start in range(0, len(tokens), 16):  # 16 rows a pass: within every backend's output cap
+        chunk = tokens[start:start + 16]
+        target_picks, draft_picks = (b.forward(chunk, len(chunk)).argmax(axis=1) for b in (target, draft))
+        agree += int((target_picks == draft_picks).sum())
+    for backend in (target, draft):
+        backend.rollback(0)
+    n = len(tokens)
+    return agree / n if n else 0.5
 
 
 def measure_pass_costs(backend: Backend, n_max: int, reps: int = 3, context: int = 32) -> dict[int, float]:
@@ -77,6 +97,12 @@ class DraftController:
         else:
             self._idle_rounds = 0
         return k
+
+    def observe_shadow(self, p_accept: float) -> None:
+        """Record a draft that was computed for free but not verified (k = 0 round): the target's
+        probability of accepting it is known from the row already computed."""
+        self.accepted = DECAY * self.accepted + p_accept
+        self.rejected = DECAY * self.rejected + 1.0 - p_accept
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float) -> None:
         """Record one round: n_drafted tokens proposed, n_accepted kept, and what each side cost."""

@@ -24,6 +24,13 @@ class Drafter(Protocol):
         ...
 
 
+def catch_up(drafter: Drafter, context: list[int]) -> None:
+    """Let a drafter with its own cache process `context[:-1]` before it proposes, so that the cost of
+    proposing is k steps and not the tokens it missed while the loop did not draft."""
+    if isinstance(drafter, ModelDrafter) and len(context) <= drafter.backend.n_ctx:
+        sync(drafter.backend, context[:-1], 0)
+
+
 class ModelDrafter:
     """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache."""
 
@@ -57,6 +64,7 @@ class PromptLookupDrafter:
     def __init__(self, n_vocab: int, max_ngram: int = 3, min_ngram: int = 1):
         self.n_vocab, self.max_ngram, self.min_ngram = n_vocab, max_ngram, min_ngram
         self.name = "ngram"
+        self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
 
     def propose(self, context, k, params, rng):
         tokens = lookup(np.asarray(context), k, self.max_ngram, self.min_ngram)

@@ -187,3 +187,30 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+               "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *, threads: int | None = None) -> Path:
+    """Re-quantize a GGUF with llama.cpp's quantizer (quantized inputs allowed).
+
+    Writes to a temporary name beside dst and renames it, so a failure leaves nothing at dst.
+    """
+    src, dst = check_gguf_file(src), Path(dst)
+    if quant not in QUANT_TYPES:
+        raise EdgespecError(f"unknown quantization '{quant}': choose one of {', '.join(QUANT_TYPES)}")
+    lib = _lib()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, QUANT_TYPES[quant])
+    params.nthread = threads or (os.cpu_count() or 1)
+    params.allow_requantize = True
+    tmp = dst.with_name(f".{dst.name}.partial")
+    try:
+        if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise EdgespecError(f"llama.cpp could not quantize {src} to {quant}")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

@@ -18,10 +18,10 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import Backend, sync
 from edgespec.runtime.cost import DraftController
-from edgespec.runtime.drafts import Drafter
+from edgespec.runtime.drafts import Drafter, catch_up
 from edgespec.runtime.sampling import SamplingParams, to_probs
 from edgespec.runtime.text import TextStream
-from edgespec.runtime.verify import verify
+from edgespec.runtime.verify import acceptance_prob, verify
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,10 @@ def speculate(
                 k = controller.choose() if draft_max is None else draft_max
                 k = min(k, room - 1, max_tokens - stats.generated - 1)
 
+            if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
+                t = time.perf_counter()
+                catch_up(drafter, committed)
+                stats.draft_s += time.perf_counter() - t
             t0 = time.perf_counter()
             drafts, draft_probs = drafter.propose(committed, k, params, rng) if k > 0 else ([], None)
             t1 = time.perf_counter()
@@ -151,6 +155,11 @@ def speculate(
                 stats.accept_counts[n_acc] += 1
             if drafter is not None:
                 controller.observe(len(drafts), n_acc, t1 - t0, t2 - t1)
+                if k == 0 and getattr(drafter, "free", False):
+                    # a free drafter's guess is still scored against the target row we already have
+                    guess, guess_probs = drafter.propose(committed, 1, params, rng)
+                    if guess:
+                        controller.observe_shadow(acceptance_prob(target_probs[0], guess_probs[0], guess[0]))
 
             for i, tok in enumerate([*drafts[:n_acc], token]):
                 committed.append(tok)

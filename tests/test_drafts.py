@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+from fake import FakeBackend, make_vocab, random_table
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import Vocab, check_compatible, common_prefix, sync
+from edgespec.runtime.drafts import ModelDrafter, lookup
+
+
+def test_lookup_prefers_the_longest_then_latest_match():
+    ctx = np.array([1, 2, 3, 9, 9, 2, 3, 7, 5, 1, 2, 3])
+    # suffix [1, 2, 3] occurs at 0 only -> continues with 9, 9
+    assert lookup(ctx, 2, 3, 1) == [9, 9]
+    ctx = np.array([4, 2, 3, 8, 6, 2, 3, 7, 6, 2, 3])
+    # suffix trigram [6, 2, 3] latest earlier match at 4 -> 7, 6
+    assert lookup(ctx, 2, 3, 1) == [7, 6]
+
+
+def test_lookup_without_match_or_budget_proposes_nothing():
+    assert lookup(np.array([1, 2, 3, 4]), 3, 3, 1) == []
+    assert lookup(np.array([1, 2, 1, 2]), 0, 3, 1) == []
+    assert lookup(np.array([5]), 3, 3, 1) == []
+
+
+def test_lookup_proposal_is_cut_at_the_end_of_the_context():
+    assert lookup(np.array([7, 8, 7]), 5, 3, 1) == [8, 7]
+
+
+def test_common_prefix_and_sync_reuse_the_cache():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+    backend = FakeBackend(random_table(np.random.default_rng(0), 8))
+    sync(backend, [1, 2, 3, 4], 1)
+    sync(backend, [1, 2, 3, 5, 6], 1)
+    assert backend.tokens == [1, 2, 3, 5, 6] and backend.calls == [(4, 1), (2, 1)]
+    sync(backend, [1, 2, 3, 5, 6], 1)  # all cached: the last token is re-run for its logits
+    assert backend.calls[-1] == (1, 1)
+
+
+def vocab_with(**changes):
+    base = make_vocab(8)
+    fields = dict(texts=base.texts, pieces=base.pieces, bos_id=base.bos_id, eos_id=base.eos_id, eog_ids=base.eog_ids)
+    fields.update(changes)
+    return Vocab(**fields)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(texts=make_vocab(9).texts, pieces=make_vocab(9).pieces), "9 tokens but the target's has 8"),
+    (dict(bos_id=3), "bos_id is 3"),
+    (dict(eos_id=3, eog_ids=frozenset([3])), "eos_id is 3"),
+    (dict(eog_ids=frozenset([0, 5])), "end-of-generation"),
+    (dict(texts=make_vocab(8).texts[:4] + (b"zz",) + make_vocab(8).texts[5:]), "draft token 4 is b'zz'"),
+])
+def test_mismatched_vocabularies_are_refused_naming_the_difference(changes, message):
+    with pytest.raises(EdgespecError, match=message):
+        check_compatible(make_vocab(8), vocab_with(**changes))
+    draft = FakeBackend(random_table(np.random.default_rng(0), 8), vocab=vocab_with(**changes))
+    with pytest.raises(EdgespecError):
+        ModelDrafter(draft, make_vocab(8))
