@@ -43,7 +43,7 @@ def test_all_accepted_rounds_end_with_the_bonus_token():
     events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=12, draft_max=3)
     assert tokens_of(events) == [2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     # every round: 3 drafts accepted + 1 bonus from the target
-    assert stats.rounds == 3 and stats.accept_counts == {3: 3} and stats.drafted == stats.accepted == 9
+    assert stats.target_passes == 3 and stats.accept_counts == {3: 3} and stats.drafted == stats.accepted == 9
     assert [e.from_draft for e in events[:4]] == [True, True, True, False]
     assert target.calls[1:] == [(4, 4)] * 3  # verify passes of last token + 3 drafts, 4 logits rows
 

