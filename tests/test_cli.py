@@ -1,0 +1,95 @@
+"""The CLI through click's CliRunner, on the default model."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_version_and_help(runner):
+    assert runner.invoke(main, ["--version"]).output.startswith("edgespec, version")
+    result = runner.invoke(main, ["-h"])
+    assert result.exit_code == 0 and "generate" in result.output and "bench" in result.output
+
+
+def test_generate_json_reports_text_tokens_and_stats(runner):
+    result = runner.invoke(main, ["generate", "Name three colors.", "--json", "-n", "24", "--draft-max", "3"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["text"] and len(data["tokens"]) == data["generated_tokens"] <= 24
+    for key in ("acceptance_rate", "mean_accepted_length", "target_passes", "tokens_per_second", "drafted",
+                "accepted", "accepted_length_histogram", "draft_time_s", "target_time_s", "finish_reason"):
+        assert key in data
+
+
+def test_generate_streams_text_and_summary(runner):
+    result = runner.invoke(main, ["generate", "Say hello.", "-n", "16"])
+    assert result.exit_code == 0
+    assert "tok/s" in result.stderr and result.stdout.strip()
+
+
+def test_generate_greedy_same_text_with_and_without_draft(runner):
+    base = json.loads(runner.invoke(main, ["generate", "Count to five.", "--json", "-n", "30", "--draft", "none"]).output)
+    spec = json.loads(runner.invoke(main, ["generate", "Count to five.", "--json", "-n", "30", "--draft-max", "4"]).output)
+    assert base["tokens"] == spec["tokens"]
+
+
+def test_chat_session_with_commands(runner):
+    script = "/help\nWhat is 2 + 2?\n/stats\n/reset\n/stats\n/nope\n/exit\n"
+    result = runner.invoke(main, ["chat", "-n", "16"], input=script)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "/reset" in out and '"acceptance_rate"' in out and "(conversation cleared)" in out
+    assert "unknown command /nope" in out
+
+
+def test_chat_ends_on_end_of_input(runner):
+    assert runner.invoke(main, ["chat"], input="").exit_code == 0
+
+
+def test_bench_json_on_a_small_prompt_file(runner, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"cat": "a", "prompt": "Say hi."}\n{"cat": "b", "prompt": "List 1 2 3 1 2 3."}\n')
+    result = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["categories"]) == {"a", "b"} and report["overall"]["prompts"] == 2
+    assert report["overall"]["identical_outputs"] == 2  # greedy: both modes print the same tokens
+    assert report["overall"]["speedup"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--target", "/nonexistent/model.gguf"], "model file not found"),
+    (["generate", "hi", "--draft", "/nonexistent/draft.gguf"], "model file not found"),
+    (["generate", "hi", "--top-p", "0"], "Invalid value"),
+    (["generate", "hi", "--draft-max", "99"], "Invalid value"),
+    (["bench", "--draft", "none"], "bench compares against a draft"),
+])
+def test_user_errors_print_one_line_and_exit_nonzero(runner, args, message):
+    result = runner.invoke(main, args)
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, (TypeError, ValueError))
+
+
+def test_bad_prompt_file_is_a_clear_error(runner, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    result = runner.invoke(main, ["bench", "--prompts", str(bad)])
+    assert result.exit_code == 1 and "expected a JSON object" in result.output
+
+
+def test_non_gguf_target(runner, tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"PK\x03\x04 zip, not gguf")
+    result = runner.invoke(main, ["generate", "hi", "--target", str(fake)])
+    assert result.exit_code == 1 and "not a GGUF file" in result.output
