@@ -12,9 +12,9 @@ The CLI, the server and the apps are built on this; none of them decodes on its 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 

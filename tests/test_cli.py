@@ -38,8 +38,9 @@ def test_generate_streams_text_and_summary(runner):
 
 
 def test_generate_greedy_same_text_with_and_without_draft(runner):
-    base = json.loads(runner.invoke(main, ["generate", "Count to five.", "--json", "-n", "30", "--draft", "none"]).output)
-    spec = json.loads(runner.invoke(main, ["generate", "Count to five.", "--json", "-n", "30", "--draft-max", "4"]).output)
+    args = ["generate", "Count to five.", "--json", "-n", "30"]
+    base = json.loads(runner.invoke(main, [*args, "--draft", "none"]).output)
+    spec = json.loads(runner.invoke(main, [*args, "--draft-max", "4"]).output)
     assert base["tokens"] == spec["tokens"]
 
 

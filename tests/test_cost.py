@@ -50,8 +50,8 @@ def test_acceptance_estimate_is_accepted_over_accepted_plus_rejections():
 
 
 def test_measure_pass_costs_times_each_length_and_empties_the_cache():
-    from fake import FakeBackend, random_table
     import numpy as np
+    from fake import FakeBackend, random_table
 
     backend = FakeBackend(random_table(np.random.default_rng(0), 8))
     measured = measure_pass_costs(backend, 5, reps=2)

@@ -9,8 +9,9 @@ to its first n tokens. Third-party runtimes are imported only in their adapter m
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
             f"{sorted(target.eog_ids)}: the draft must share the target's tokenizer"
         )
     if target.texts != draft.texts:
-        i = next(i for i, (a, b) in enumerate(zip(target.texts, draft.texts)) if a != b)
+        i = next(i for i, (a, b) in enumerate(zip(target.texts, draft.texts, strict=True)) if a != b)
         raise EdgespecError(
             f"draft token {i} is {draft.texts[i]!r} but the target's is {target.texts[i]!r}: "
             "the draft must share the target's tokenizer"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -142,10 +142,9 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             t1 = time.perf_counter()
             logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
             target_probs = to_probs(logits, params)  # [k+1, V]
-            if drafts:
-                n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts), rng)
-            else:
-                n_acc, token = verify(target_probs, target_probs[:0], np.empty(0, dtype=np.int64), rng)
+            if not drafts:  # k = 0 is the same rule with nothing to accept: a plain target sample
+                draft_probs = target_probs[:0]
+            n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts, dtype=np.int64), rng)
             t2 = time.perf_counter()
             target.rollback(len(committed) + n_acc)
 

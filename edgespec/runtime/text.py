@@ -8,7 +8,7 @@ it is known not to be one.
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 from edgespec.errors import EdgespecError
 
