@@ -144,6 +144,7 @@ def test_engine_survives_an_abandoned_stream(ngram_engine):
         if i == 5:
             break
     stream.close()
+    assert stream.stats.finish_reason == "cancelled" and stream.stats.generated == 6
     again = ngram_engine.generate(PROMPTS[1], max_tokens=20, draft_max=0)
     fresh = edgespec.load(ngram_engine.target.path, "none", n_ctx=1024).generate(PROMPTS[1], max_tokens=20)
     assert again.tokens == fresh.tokens

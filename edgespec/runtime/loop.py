@@ -44,7 +44,7 @@ class Stats:
     draft_s: float = 0.0
     target_s: float = 0.0
     decode_s: float = 0.0  # wall time after the prefill
-    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context"
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context", "cancelled"
 
     @property
     def acceptance_rate(self) -> float:
@@ -181,5 +181,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         tail = text.flush()
         if tail:
             yield Event(None, tail, from_draft=False)
-    finally:
+    finally:  # also reached when the consumer closes the stream early
+        if stats.finish_reason is None:
+            stats.finish_reason = "cancelled"
         stats.decode_s += time.perf_counter() - t_decode
