@@ -77,6 +77,7 @@ class Engine:
                  draft_backend: Backend | None = None):
         self.target, self.drafter, self.controller = target, drafter, controller
         self.draft_backend = draft_backend
+        self._active: Stream | None = None  # one generation at a time: the models have one cache each
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
@@ -92,7 +93,10 @@ class Engine:
     def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] = (), chat: bool | None = None, draft_max: int | None = None) -> Stream:
-        """Start generating; see `generate` for the arguments. Iterate the result for Events."""
+        """Start generating; see `generate` for the arguments. Iterate the result for Events.
+
+        An engine runs one generation at a time: starting a stream closes the one before it.
+        """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         if draft_max is not None and not 0 <= draft_max <= 15:
             raise EdgespecError(f"draft max must be between 0 and 15, got {draft_max}")
@@ -101,7 +105,10 @@ class Engine:
         events = speculate(self.target, self.drafter, self.controller, tokens, params,
                            np.random.default_rng(seed), max_tokens=max_tokens, stop=stop,
                            draft_max=draft_max, stats=stats)
-        return Stream(events, stats)
+        if self._active is not None:  # its rounds would interleave with ours on the same cache
+            self._active.close()
+        self._active = Stream(events, stats)
+        return self._active
 
     def generate(self, prompt: str | Sequence[dict], **kwargs) -> Result:
         """Generate a whole answer.

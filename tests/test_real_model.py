@@ -148,3 +148,12 @@ def test_engine_survives_an_abandoned_stream(ngram_engine):
     again = ngram_engine.generate(PROMPTS[1], max_tokens=20, draft_max=0)
     fresh = edgespec.load(ngram_engine.target.path, "none", n_ctx=1024).generate(PROMPTS[1], max_tokens=20)
     assert again.tokens == fresh.tokens
+
+
+def test_a_new_stream_closes_the_unfinished_one(ngram_engine):
+    first = ngram_engine.stream(PROMPTS[2], max_tokens=30)
+    next(iter(first))
+    second = ngram_engine.generate(PROMPTS[3], max_tokens=20, draft_max=0)
+    assert list(first) == [] and first.stats.finish_reason == "cancelled"
+    fresh = edgespec.load(ngram_engine.target.path, "none", n_ctx=1024).generate(PROMPTS[3], max_tokens=20)
+    assert second.tokens == fresh.tokens
