@@ -1,9 +1,12 @@
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
+
+CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +22,37 @@ def q4_0_gguf(default_gguf, tmp_path_factory):
     from edgespec.runtime.llama_backend import quantize_gguf
 
     return quantize_gguf(default_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0.gguf", "q4_0")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    """The real SmolLM2-135M-Instruct as a Hugging Face folder (dequantized from the shipped GGUF).
+
+    Built once per machine into EDGESPEC_TEST_CACHE (default ~/.cache/edgespec/test-checkpoints), since
+    it takes about 25 s and 540 MB; build_checkpoint writes it atomically, so a stale half is impossible.
+    """
+    from edgespec.models.smollm2 import build_checkpoint
+
+    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
+    return build_checkpoint(cache / f"smollm2-135m-instruct-{CHECKPOINT_VERSION}")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny random Llama checkpoint with SmolLM2's tokenizer: fast export and parity tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from edgespec.models.smollm2 import save_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper than the default init, so greedy choices are not near-ties
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
