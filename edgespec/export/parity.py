@@ -34,15 +34,16 @@ class Threshold:
     greedy_equal: bool  # must the greedy continuations be identical?
 
 
-# Float exports must reproduce the source; quantized ones may drift. Calibrated on SmolLM2-135M, a
-# small model that quantization hurts more than the 1B+ models these types are usually used for.
+# Float exports must reproduce the source; quantized ones may drift. Calibrated on SmolLM2-135M, a small
+# model that quantization hurts more than the 1B+ models these types are usually used for (measured
+# there, GGUF: q8_0 KL 0.005 / top-1 0.98, q4_k_m 0.06 / 0.90, q4_0 0.34 / 0.75).
 THRESHOLDS = {
     "f32": Threshold(1e-4, 0.99, True), "fp32": Threshold(1e-4, 0.99, True),
     "f16": Threshold(1e-3, 0.97, False), "fp16": Threshold(1e-3, 0.97, False),
     "bf16": Threshold(5e-3, 0.95, False),
-    "q8_0": Threshold(0.01, 0.93, False), "int8": Threshold(0.1, 0.8, False),
-    "q6_k": Threshold(0.03, 0.9, False), "q5_k_m": Threshold(0.06, 0.85, False),
-    "q4_k_m": Threshold(0.15, 0.8, False), "q4_0": Threshold(0.25, 0.75, False), "int4": Threshold(0.25, 0.75, False),
+    "q8_0": Threshold(0.01, 0.95, False), "int8": Threshold(0.1, 0.8, False),
+    "q6_k": Threshold(0.03, 0.92, False), "q5_k_m": Threshold(0.05, 0.9, False),
+    "q4_k_m": Threshold(0.12, 0.85, False), "q4_0": Threshold(0.45, 0.7, False), "int4": Threshold(0.45, 0.7, False),
 }
 
 

@@ -34,6 +34,8 @@ def build_checkpoint(out: str | Path) -> Path:
     out = Path(out)
     if (out / "config.json").exists():
         return out
+    if out.exists() and any(out.iterdir()):
+        raise EdgespecError(f"{out} exists and is not empty: choose a new folder")
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
