@@ -1,0 +1,260 @@
+"""ONNX export of a Hugging Face checkpoint: optimum's exporter, onnxruntime's quantizers, a parity check.
+
+The contract: `export_onnx` writes a folder holding `model.onnx` (a decoder with past key/values, its
+external data file if it has one), the tokenizer files and generation_config.json, or writes nothing.
+The work happens in a hidden temporary folder beside `out`, renamed to `out` only after the parity check
+passed; on any failure, Ctrl-C included, the temporary folder is removed (the parity report stays).
+
+This is the only module importing optimum, onnx and onnxruntime, lazily, so `import edgespec` works
+without them. Nothing here writes to stdout: the CLI's --json mode owns it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.export.hf import HFModel, read_config
+from edgespec.export.parity import check, run_parity, write_report
+
+ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
+MODEL_FILE = "model.onnx"
+# besides the model: what a runtime needs to tokenize and to stop, checked after the export
+REQUIRED_FILES = ("tokenizer.json", "generation_config.json")
+# copied from the source when the exporter did not write them
+SIDE_FILES = REQUIRED_FILES + ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+INT4_BLOCK_SIZE = 32  # weights per scale; 32 keeps SmolLM2-sized models within the int4 parity threshold
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DISK_FACTOR = 2.5  # the float32 export, a quantized copy, and room for the quantizers' scratch files
+
+
+def _require(module: str):
+    """Import an export dependency, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise EdgespecError(f"ONNX export needs the export extra ({e.name} is missing): "
+                            "pip install 'edgespec[export]'") from e
+
+
+def export_onnx(src: Path, out: Path, quant: str, *, progress: bool = True, parity: bool = True) -> dict:
+    """Export checkpoint folder `src` to an ONNX folder `out`, quantized to `quant` (one of ONNX_QUANTS).
+
+    With `parity`, the export is compared with the source (report at `<out>.parity.json`, pass or fail)
+    and is not written if the check fails. `progress` prints phase lines to stderr. Returns what was
+    written: format, quant, path, model_file, weight_bytes, parity (the report) and parity_report.
+    """
+    if quant not in ONNX_QUANTS:
+        raise EdgespecError(f"unknown ONNX quantization {quant!r}: choose one of {', '.join(ONNX_QUANTS)}")
+    src, out = Path(src), Path(out)
+    config = read_config(src)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EdgespecError(f"{out} already exists and is not an empty folder: remove it or choose another output")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check_disk(src, config, out.parent)
+    report_path = Path(str(out) + ".parity.json")
+    report_path.unlink(missing_ok=True)  # a report left by an earlier failed export would describe another model
+
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    report = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the libraries' prints must not reach our stdout
+            folder = build(src, tmp, quant, say)
+            exported = OnnxModel(folder)
+            exported.logits([0, 1])  # loads and runs on the CPU, even when no parity check follows
+            if parity:
+                say("checking parity ...")
+                report = run_parity(quant, HFModel(src), exported)
+                write_report(report, report_path)
+                check(report, report_path)
+            del exported  # closes the session before its files move
+        folder.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    say(f"wrote {out}")
+    return {"format": "onnx", "quant": quant, "path": str(out), "model_file": MODEL_FILE,
+            "weight_bytes": sum(f.stat().st_size for f in weight_files(out / MODEL_FILE)),
+            "parity": report, "parity_report": str(report_path) if parity else None}
+
+
+def check_disk(src: Path, config: dict, folder: Path) -> None:
+    """Refuse up front when `folder` has clearly too little room for the export of `src`."""
+    need = estimate_disk(src, config)
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise EdgespecError(f"not enough disk: need about {need / 1e9:.1f} GB at {folder}, {free / 1e9:.1f} GB free")
+
+
+def estimate_disk(src: Path, config: dict) -> int:
+    """Bytes an export of `src` may take: its weights in float32, times DISK_FACTOR."""
+    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in src.glob(pattern))
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return int(weights / DTYPE_BYTES.get(dtype, 4) * 4 * DISK_FACTOR)
+
+
+def build(src: Path, tmp: Path, quant: str, say) -> Path:
+    """Export `src` in float32 under `tmp`, quantize it into its own folder there; return that folder."""
+    raw = tmp / "fp32"
+    say("exporting to ONNX ...")
+    export_fp32(src, raw)
+    complete_side_files(src, raw)
+    if quant == "fp32":
+        folder = raw
+    else:
+        # a fresh folder, so no float32 external data file can stay beside the quantized model
+        folder = tmp / quant
+        folder.mkdir()
+        for f in raw.iterdir():
+            if f.is_file() and not f.name.startswith(MODEL_FILE):
+                shutil.copy2(f, folder)
+        say(f"quantizing to {quant} ...")
+        external = len(weight_files(raw / MODEL_FILE)) > 1
+        QUANTIZERS[quant](raw / MODEL_FILE, folder / MODEL_FILE, external)
+        shutil.rmtree(raw)
+    return folder
+
+
+def export_fp32(src: Path, folder: Path) -> None:
+    """optimum's decoder-with-past export of `src` on the CPU in float32 into `folder`."""
+    exporters = _require("optimum.exporters.onnx")
+    try:
+        exporters.main_export(str(src), folder, task="text-generation-with-past", device="cpu", dtype="fp32",
+                              local_files_only=True, do_validation=False)  # our parity check is the validation
+    except (ValueError, KeyError) as e:  # how optimum says the architecture or task is not supported
+        raise EdgespecError(f"optimum cannot export {src} to ONNX: {e}") from e
+
+
+def complete_side_files(src: Path, folder: Path) -> None:
+    """Copy tokenizer and generation files the exporter did not write; refuse if required ones are missing."""
+    for name in SIDE_FILES:
+        if not (folder / name).exists() and (src / name).is_file():
+            shutil.copy2(src / name, folder / name)
+    missing = [name for name in REQUIRED_FILES if not (folder / name).exists()]
+    if missing:
+        raise EdgespecError(f"{src} has no {', '.join(missing)}: the export needs them beside the model")
+
+
+def weight_files(model: Path) -> list[Path]:
+    """The .onnx file and the external data files it refers to."""
+    onnx = _require("onnx")
+    proto = onnx.load(str(model), load_external_data=False)
+    tensors = [*proto.graph.initializer, *(a.t for node in proto.graph.node for a in node.attribute if a.HasField("t"))]
+    locations = {entry.value for t in tensors if onnx.external_data_helper.uses_external_data(t)
+                 for entry in t.external_data if entry.key == "location"}
+    return [model] + [model.parent / name for name in sorted(locations)]
+
+
+def save(proto, path: Path, external: bool) -> None:
+    """Write a model, its weights in `<name>_data` beside it when the source used external data."""
+    onnx = _require("onnx")
+    onnx.save_model(proto, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=path.name + "_data")
+
+
+def to_fp16(src: Path, dst: Path, external: bool) -> None:
+    """float16 weights and compute; float32 inputs and outputs, so callers feed the same arrays."""
+    float16 = _require("onnxruntime.transformers.float16")
+    # a path rather than a proto: shape inference then works on files over protobuf's 2 GB limit
+    save(float16.convert_float_to_float16(str(src), keep_io_types=True), dst, external)
+
+
+def to_int8(src: Path, dst: Path, external: bool) -> None:
+    """Dynamic quantization: int8 weights, activations quantized on the fly."""
+    quantization = _require("onnxruntime.quantization")
+    quantization.quantize_dynamic(src, dst, weight_type=quantization.QuantType.QInt8,
+                                  use_external_data_format=external)
+
+
+def to_int4(src: Path, dst: Path, external: bool) -> None:
+    """Block-wise symmetric 4-bit MatMul weights (MatMulNBits); the rest stays float32."""
+    onnx = _require("onnx")
+    nbits = _require("onnxruntime.quantization.matmul_nbits_quantizer")
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(src)), block_size=INT4_BLOCK_SIZE, is_symmetric=True)
+    quantizer.process()
+    save(quantizer.model.model, dst, external)
+
+
+QUANTIZERS = {"fp16": to_fp16, "int8": to_int8, "int4": to_int4}
+
+
+class OnnxModel:
+    """An exported decoder with past key/values on onnxruntime's CPU provider, as a parity LogitsModel."""
+
+    def __init__(self, folder: str | Path):
+        ort = _require("onnxruntime")
+        transformers = _require("transformers")
+        self.folder = Path(folder)
+        self.session = ort.InferenceSession(str(self.folder / MODEL_FILE), providers=["CPUExecutionProvider"])
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.folder)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.input_names = set(inputs)
+        self.past_names = [name for name in inputs if name.startswith("past_key_values.")]  # .{layer}.{key|value}
+        if not self.past_names:
+            raise EdgespecError(f"{self.folder / MODEL_FILE} takes no past key/values: export it with a KV cache")
+        self.present_names = [name.replace("past_key_values.", "present.") for name in self.past_names]
+        config = read_config(self.folder)
+        first = inputs[self.past_names[0]]
+        self.kv_dtype = np.float16 if first.type == "tensor(float16)" else np.float32
+        self.kv_heads, self.head_dim = kv_dims(first.shape, config)
+        self.eos = eos_ids(self.folder, config)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def logits(self, ids: list[int]) -> np.ndarray:  # [T, V]
+        logits, _ = self.forward(ids, self.empty_past(), 0)
+        return logits
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """The n greedy tokens after ids, one cached step each, stopping before an end token."""
+        tokens: list[int] = []
+        logits, past = self.forward(ids, self.empty_past(), 0)
+        while len(tokens) < n:
+            token = int(logits[-1].argmax())
+            if token in self.eos:
+                break
+            tokens.append(token)
+            if len(tokens) < n:
+                logits, past = self.forward([token], past, len(ids) + len(tokens) - 1)
+        return tokens
+
+    def empty_past(self) -> dict[str, np.ndarray]:
+        return {name: np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype) for name in self.past_names}
+
+    def forward(self, ids: list[int], past: dict[str, np.ndarray], n_past: int):
+        """Logits [T, V] (float32) for `ids` after `n_past` cached positions, and the grown cache."""
+        n = n_past + len(ids)
+        feeds = {"input_ids": np.array([ids], dtype=np.int64), **past}  # [1, T]
+        optional = {"attention_mask": np.ones((1, n), dtype=np.int64),  # [1, n_past + T]
+                    "position_ids": np.arange(n_past, n, dtype=np.int64)[None]}  # [1, T]
+        feeds.update({name: value for name, value in optional.items() if name in self.input_names})
+        logits, *presents = self.session.run(["logits", *self.present_names], feeds)
+        return logits[0].astype(np.float32), dict(zip(self.past_names, presents, strict=True))
+
+
+def kv_dims(shape: list, config: dict) -> tuple[int, int]:
+    """(kv heads, head dim) from a past input's shape [batch, kv_heads, past, head_dim], else from config.json."""
+    if isinstance(shape[1], int) and isinstance(shape[3], int):
+        return shape[1], shape[3]
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    return heads, config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def eos_ids(folder: Path, config: dict) -> set[int]:
+    """End-of-text token ids: generation_config.json's, else config.json's (an int or a list)."""
+    path = folder / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    if eos is None:
+        eos = config.get("eos_token_id")
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {eos}
