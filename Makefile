@@ -2,14 +2,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
-EXTRAS ?= gguf,demo,dev
+EXTRAS ?= gguf,demo,dev,export
+# without an NVIDIA GPU, take torch's CPU wheel; an unpinned torch would pull a CUDA build of several GB
+TORCH_CPU ?= torch==2.13.0
+PAIR_DIR ?= models
 # the llama-cpp-python build flags; a native build segfaults in ggml's AMX kernels on some CPUs
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench lint clean
+.PHONY: install chat test bench bench-pair pair lint clean
 
 install: $(STAMP)
 
@@ -18,6 +21,8 @@ $(STAMP):
 	$(PY) -m pip install --quiet --upgrade pip
 	@# llama-cpp-python first, from our own wheel cache keyed by version and CMAKE_ARGS
 	$(PY) -m pip install --quiet "$$(scripts/llama-wheel.sh $(PY) $(LLAMA_CPP_VERSION))"
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "$(PY) -m pip install $(TORCH_CPU)"; \
+		$(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@rm -f $(VENV)/.edgespec-installed-*
 	@touch $@
@@ -30,6 +35,21 @@ test: install
 
 bench: install
 	$(VENV)/bin/edgespec bench
+
+# the bandwidth-bound reference pair: SmolLM2-135M f32 target + q4_k_m draft, exported from the
+# default model's checkpoint (rebuilt offline), with parity reports beside the files
+PAIR := $(PAIR_DIR)/smollm2-f32-q4_k_m/pair.json
+pair: $(PAIR)
+
+$(PAIR): | install
+	$(VENV)/bin/edgespec default-checkpoint $(PAIR_DIR)/smollm2-135m-instruct-hf
+	$(VENV)/bin/edgespec export-pair --target $(PAIR_DIR)/smollm2-135m-instruct-hf \
+		--draft $(PAIR_DIR)/smollm2-135m-instruct-hf --to gguf --target-quant f32 --draft-quant q4_k_m \
+		--out $(dir $(PAIR))
+
+bench-pair: pair
+	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0
+	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0.7
 
 lint: install
 	$(VENV)/bin/ruff check edgespec tests

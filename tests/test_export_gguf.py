@@ -8,9 +8,8 @@ from click.testing import CliRunner
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
-from edgespec.export import export, export_pair
+from edgespec.export import export, export_pair, parity
 from edgespec.export import gguf as gguf_export
-from edgespec.export import parity
 from edgespec.runtime.llama_backend import LlamaBackend
 
 
