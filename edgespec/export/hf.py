@@ -33,6 +33,12 @@ def _torch():
     return torch, transformers
 
 
+def load_tokenizer(folder: str | Path):
+    """The (fast) tokenizer saved in a folder, as transformers loads it."""
+    _, transformers = _torch()
+    return transformers.AutoTokenizer.from_pretrained(Path(folder))
+
+
 class HFModel:
     """A causal LM checkpoint on the CPU in float32, as a parity LogitsModel."""
 
@@ -40,7 +46,7 @@ class HFModel:
         torch, transformers = _torch()
         self.folder = Path(folder)
         self._torch = torch
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.folder)
+        self.tokenizer = load_tokenizer(self.folder)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32)
         self.model.eval()
 
