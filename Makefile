@@ -36,15 +36,15 @@ test: install
 bench: install
 	$(VENV)/bin/edgespec bench
 
-# the bandwidth-bound reference pair: SmolLM2-135M f32 target + q4_k_m draft, exported from the
+# the bandwidth-bound reference pair: SmolLM2-135M f32 target + q4_0 draft, exported from the
 # default model's checkpoint (rebuilt offline), with parity reports beside the files
-PAIR := $(PAIR_DIR)/smollm2-f32-q4_k_m/pair.json
+PAIR := $(PAIR_DIR)/smollm2-f32-q4_0/pair.json
 pair: $(PAIR)
 
 $(PAIR): | install
 	$(VENV)/bin/edgespec default-checkpoint $(PAIR_DIR)/smollm2-135m-instruct-hf
 	$(VENV)/bin/edgespec export-pair --target $(PAIR_DIR)/smollm2-135m-instruct-hf \
-		--draft $(PAIR_DIR)/smollm2-135m-instruct-hf --to gguf --target-quant f32 --draft-quant q4_k_m \
+		--draft $(PAIR_DIR)/smollm2-135m-instruct-hf --to gguf --target-quant f32 --draft-quant q4_0 \
 		--out $(dir $(PAIR))
 
 bench-pair: pair

@@ -41,7 +41,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     """Run every prompt target-only and speculatively; return the report (see format_report)."""
     if engine.drafter is None:
         raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
-    totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "drafted": 0, "accepted": 0,
+    totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "prefill": {"base": 0.0, "spec": 0.0},
+                                  "drafted": 0, "accepted": 0,
                                   "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0})
     modes = {"base": 0, "spec": draft_max}
     bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
@@ -58,6 +59,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             for mode in modes:
                 t[mode][0] += outputs[mode].stats.generated
                 t[mode][1] += outputs[mode].stats.decode_s
+                t["prefill"][mode] += outputs[mode].stats.prefill_s
             s = outputs["spec"].stats
             t["drafted"] += s.drafted
             t["accepted"] += s.accepted
@@ -77,6 +79,9 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "target_only_tokens_per_second": round(base_tps, 2),
             "speculative_tokens_per_second": round(spec_tps, 2),
             "speedup": round(spec_tps / base_tps, 3) if base_tps else 0.0,
+            # prompt processing, reported apart from decode speed: a draft model adds its own prefill
+            "target_only_prefill_ms": round(1000 * t["prefill"]["base"] / t["n"], 1),
+            "speculative_prefill_ms": round(1000 * t["prefill"]["spec"] / t["n"], 1),
             "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
             "mean_accepted_length": round(t["accepted"] / t["rounds_with_draft"], 4) if t["rounds_with_draft"] else 0.0,
             "draft_length_histogram": {str(k): v for k, v in sorted(t["draft_lengths"].items())},

@@ -29,12 +29,13 @@ def test_tiny_checkpoint_to_gguf_f32_passes_parity(tiny_checkpoint, tmp_path):
     assert backend.vocab.n_vocab == 49152 and backend.vocab.eos_id == 2
 
 
-def test_tiny_checkpoint_to_q8_0_via_converter_and_q4_k_m_via_quantizer(tiny_checkpoint, tmp_path):
-    for quant in ("q8_0", "q4_k_m"):
+def test_every_gguf_type_from_the_converter_or_the_quantizer(tiny_checkpoint, tmp_path):
+    sizes = {}
+    for quant in ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0"):
         summary = export(str(tiny_checkpoint), "gguf", quant, tmp_path / f"tiny-{quant}.gguf", progress=False)
-        assert summary["parity"]["passed"], summary["parity"]["failures"]
-    sizes = {q: (tmp_path / f"tiny-{q}.gguf").stat().st_size for q in ("q8_0", "q4_k_m")}
-    assert sizes["q4_k_m"] < sizes["q8_0"]
+        assert summary["parity"]["passed"], (quant, summary["parity"]["failures"])
+        sizes[quant] = summary["weight_bytes"]
+    assert sizes["q4_0"] < sizes["q8_0"] < sizes["f16"]
     assert not [n for n in only_outputs(tmp_path) if n.startswith(".")]  # no temporaries left
 
 
@@ -85,6 +86,8 @@ def test_hub_id_resolves_from_the_local_cache_offline(tiny_checkpoint, tmp_path,
     assert summary["parity"]["passed"] and out.is_file()
     export("edgespec-test/tiny-llama", "gguf", "f32", tmp_path / "pinned.gguf", revision=commit, progress=False,
            parity=False)
+    onnx = export("edgespec-test/tiny-llama", "onnx", "fp32", tmp_path / "tiny-onnx", progress=False)
+    assert onnx["parity"]["passed"] and (tmp_path / "tiny-onnx" / "model.onnx").is_file()
     with pytest.raises(EdgespecError, match="not in the local hub cache"):
         export("edgespec-test/absent", "gguf", "f32", tmp_path / "x.gguf", progress=False)
     with pytest.raises(EdgespecError, match="not in the local hub cache"):

@@ -43,8 +43,7 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
     try:
         tmp = work / out.name
         if source.kind == "gguf":
-            _say(progress, f"quantizing {source.path.name} to {quant} ...")
-            quantize(source.path, tmp, quant)
+            quantize(source.path, tmp, quant, n_params, progress)
         elif quant in CONVERTER_TYPES:
             check_architecture(source.path)
             convert(source.path, tmp, quant, progress)
@@ -52,8 +51,7 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
             check_architecture(source.path)
             f16 = work / "intermediate-f16.gguf"
             convert(source.path, f16, "f16", progress)
-            _say(progress, f"quantizing to {quant} ...")
-            quantize(f16, tmp, quant)
+            quantize(f16, tmp, quant, n_params, progress)
             f16.unlink()
         report = None
         report_path = Path(str(out) + ".parity.json")
@@ -129,10 +127,13 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
                             + (": " + " | ".join(tail) if tail else ""))
 
 
-def quantize(src: Path, dst: Path, quant: str) -> None:
-    from edgespec.runtime.llama_backend import quantize_gguf
+def quantize(src: Path, dst: Path, quant: str, n_params: int, progress: bool) -> None:
+    """llama.cpp's quantizer (it releases the GIL, so the bar's thread keeps running)."""
+    from edgespec.export.progress import watch_file
+    from edgespec.runtime.llama_backend import partial_path, quantize_gguf
 
-    quantize_gguf(src, dst, quant)
+    with watch_file(partial_path(dst), n_params * GGUF_QUANTS[quant] / 8, f"quantizing to {quant}", progress):
+        quantize_gguf(src, dst, quant)
 
 
 def gguf_parity(source: Source, exported: Path, quant: str) -> dict:

@@ -195,6 +195,11 @@ QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "b
                "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
+def partial_path(dst: Path) -> Path:
+    """Where quantize_gguf writes before renaming to dst."""
+    return dst.with_name(f".{dst.name}.partial")
+
+
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *, threads: int | None = None) -> Path:
     """Re-quantize a GGUF with llama.cpp's quantizer (quantized inputs allowed).
 
@@ -208,7 +213,7 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *,
     params.ftype = getattr(lib, QUANT_TYPES[quant])
     params.nthread = threads or (os.cpu_count() or 1)
     params.allow_requantize = True
-    tmp = dst.with_name(f".{dst.name}.partial")
+    tmp = partial_path(dst)
     try:
         if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
             raise EdgespecError(f"llama.cpp could not quantize {src} to {quant}")

@@ -40,7 +40,7 @@ class Stats:
     target_passes: int = 0  # verify passes after the prefill
     accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
     draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # the prompt through the target, and through a draft model if there is one
     draft_s: float = 0.0
     target_s: float = 0.0
     decode_s: float = 0.0  # wall time after the prefill
@@ -119,6 +119,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
 
     t_start = time.perf_counter()
     sync(target, committed[:-1], 0)
+    if drafter is not None and draft_max != 0:  # a draft model reads the prompt too: that is prefill work
+        catch_up(drafter, committed)
     t_decode = time.perf_counter()
     stats.prefill_s += t_decode - t_start
 
