@@ -1,0 +1,383 @@
+"""ONNX decoder-with-past folders through onnxruntime (the only runtime module importing onnxruntime and tokenizers).
+
+A folder is what `edgespec export --to onnx` writes: model.onnx (inputs input_ids, attention_mask, position_ids,
+past_key_values.{layer}.{key|value}; outputs logits and present.{layer}.{key|value}), its external data if any,
+tokenizer.json, config.json and generation_config.json. The graph returns logits for every new position, so a
+prompt runs in chunks of PREFILL_CHUNK tokens and each chunk's logits are cut to the rows asked for at once. The
+KV cache is the present.* outputs fed back as the next past; rollback slices them along the sequence axis. On a
+GPU the cache stays on the device through IO binding; on the CPU it is plain numpy arrays.
+
+The vocabulary is read with the `tokenizers` library and follows llama.cpp's conventions (token texts, printed
+pieces, BOS/EOS as its converter picks them, end-of-generation ids by its text rule), so an ONNX export and a
+GGUF of the same model have equal Vocabs and can form a mixed target/draft pair.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import Vocab
+
+MODEL_FILE = "model.onnx"
+MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
+PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
+# on SmolLM2-135M (2 CPU threads) a 512-token prompt takes as long in chunks of 128 as of 256 (0.82 s), 64: 0.95 s
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+             "tensorrt": "TensorrtExecutionProvider", "coreml": "CoreMLExecutionProvider"}
+# best first; TensorRT builds its engines at load and per new shape range, so auto leaves it to those who ask
+AUTO_ORDER = ("cuda", "coreml", "cpu")
+DEVICE_MEMORY = {"CUDAExecutionProvider", "TensorrtExecutionProvider"}  # providers whose tensors live on a GPU
+FEED_INPUTS = {"input_ids", "attention_mask", "position_ids"}
+NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32,
+               "tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+# llama.cpp decides end of generation by token text (llama-vocab.cpp, ggml-org/llama.cpp#9606). check_compatible
+# requires equal eog_ids, so an ONNX export must apply the same rule as a GGUF of the same model.
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+             "<｜end▁of▁sentence｜>")  # the last: DeepSeek's, an end-of-turn text for llama.cpp
+# fill-in-the-middle pad / repo / file-separator tokens end generation too: llama.cpp takes the first it meets
+# of each kind (hash order); we take the lowest id. SmolLM2's <reponame> (id 4) is one of these.
+FIM_EOG_TEXTS = (("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+                 ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+                 ("<|file_sep|>",))
+
+
+def _require(module: str):
+    """Import a runtime dependency of ONNX models, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise EdgespecError(f"ONNX models need {module}: pip install 'edgespec[onnx]'") from e
+
+
+def check_onnx_folder(folder: str | os.PathLike) -> Path:
+    """The export folder (a path to its model.onnx is accepted too), or a clear error."""
+    folder = Path(folder)
+    if folder.is_file() and folder.name == MODEL_FILE:
+        folder = folder.parent
+    if not folder.exists():
+        raise EdgespecError(f"model folder not found: {folder}")
+    if not folder.is_dir():
+        raise EdgespecError(f"{folder} is not an ONNX model folder (export one with: edgespec export --to onnx)")
+    if not (folder / MODEL_FILE).is_file():
+        raise EdgespecError(f"{folder} has no {MODEL_FILE}: export one with: edgespec export --to onnx")
+    return folder
+
+
+def pick_provider(available: Sequence[str], device: str) -> str:
+    """The execution provider for `device` (cpu, cuda, tensorrt, coreml or auto) among those available."""
+    if device == "auto":
+        return next(PROVIDERS[d] for d in AUTO_ORDER if PROVIDERS[d] in available)
+    if device not in PROVIDERS:
+        raise EdgespecError(f"unknown device '{device}': choose one of {', '.join([*PROVIDERS, 'auto'])}")
+    if PROVIDERS[device] not in available:
+        hint = "install onnxruntime-gpu" if device in ("cuda", "tensorrt") else "use --device cpu"
+        raise EdgespecError(f"device '{device}' needs onnxruntime's {PROVIDERS[device]}, but this onnxruntime "
+                            f"has only {', '.join(available)}: {hint}")
+    return PROVIDERS[device]
+
+
+def open_session(ort, path: Path, provider: str, n_threads: int):
+    """An InferenceSession on `provider` (CPU as fallback for the ops it lacks), quiet, not spinning."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = n_threads
+    # a spinning pool burns the cores between runs, which a draft model or the other model of a pair needs
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 0 if os.environ.get("EDGESPEC_ORT_LOG") else 3
+    providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
+    if provider == "TensorrtExecutionProvider":
+        providers.insert(1, "CUDAExecutionProvider")  # for the subgraphs TensorRT rejects
+    try:
+        session = ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for unreadable files
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise EdgespecError(f"onnxruntime could not load {path}: {reason}") from None
+    if session.get_providers()[0] != provider:  # onnxruntime falls back to the CPU when a GPU library is missing
+        raise EdgespecError(f"onnxruntime could not start {provider} for {path} (set EDGESPEC_ORT_LOG=1 to see why)")
+    return session
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What the session's inputs and outputs say about the model."""
+
+    inputs: dict[str, type]  # feed name -> numpy dtype, among FEED_INPUTS
+    past: tuple[str, ...]  # past_key_values.{layer}.{key|value}
+    present: tuple[str, ...]  # present.{layer}.{key|value}, in the same order
+    kv_heads: int
+    head_dim: int
+    kv_dtype: type
+    n_vocab: int  # the width of the logits
+
+
+def read_graph(session, path: Path, config: dict) -> Graph:
+    """Check that the graph is a decoder with past key/values that edgespec can feed; describe it."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    past = tuple(name for name in inputs if name.startswith("past_key_values."))
+    if not past:
+        raise EdgespecError(f"{path} takes no past key/values: export it with past key/values: "
+                            "edgespec export --to onnx")
+    unknown = sorted(set(inputs) - FEED_INPUTS - set(past))
+    if unknown or "input_ids" not in inputs:
+        raise EdgespecError(f"{path} is not a decoder edgespec can run: it takes {', '.join(sorted(inputs))}")
+    present = tuple(name.replace("past_key_values.", "present.") for name in past)
+    missing = [name for name in ("logits", *present) if name not in outputs]
+    if missing:
+        raise EdgespecError(f"{path} has no output {missing[0]}: export it with: edgespec export --to onnx")
+    shape = inputs[past[0]].shape  # [batch, kv_heads, past, head_dim], some dims may be names
+    heads = config.get("num_key_value_heads", config.get("num_attention_heads"))
+    kv_heads = shape[1] if isinstance(shape[1], int) else heads
+    head_dim = shape[3] if isinstance(shape[3], int) else config.get("head_dim") or config["hidden_size"] // heads
+    width = outputs["logits"].shape[-1]
+    return Graph(inputs={name: NUMPY_TYPES.get(inputs[name].type, np.int64) for name in FEED_INPUTS & set(inputs)},
+                 past=past, present=present, kv_heads=kv_heads, head_dim=head_dim,
+                 kv_dtype=NUMPY_TYPES.get(inputs[past[0]].type, np.float32),
+                 n_vocab=width if isinstance(width, int) else config["vocab_size"])
+
+
+class HostCache:
+    """The past as numpy arrays: the present.* outputs of one run are the past_key_values.* of the next."""
+
+    def __init__(self, session, graph: Graph):
+        self._session, self._graph = session, graph
+        empty = np.zeros((1, graph.kv_heads, 0, graph.head_dim), graph.kv_dtype)  # [1, kv_heads, 0, head_dim]
+        self.past = dict.fromkeys(graph.past, empty)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """Run the session on feeds plus the past; keep the presents; return logits [1, T, V]."""
+        logits, *presents = self._session.run(["logits", *self._graph.present], {**feeds, **self.past})
+        self.past = dict(zip(self._graph.past, presents, strict=True))  # [1, kv_heads, past + T, head_dim]
+        return logits
+
+    def truncate(self, n_past: int) -> None:
+        # views; onnxruntime copies a strided input to a contiguous one on the next run
+        self.past = {name: value[:, :, :n_past] for name, value in self.past.items()}
+
+
+class DeviceCache:
+    """The past as OrtValues in GPU memory, bound with IO binding, so the cache does not cross the bus each
+    step; only the logits come back to the host. Not exercised by the test suite (no GPU there)."""
+
+    def __init__(self, ort, session, graph: Graph):
+        self._ort, self._session, self._graph = ort, session, graph
+        empty = np.zeros((1, graph.kv_heads, 0, graph.head_dim), graph.kv_dtype)  # [1, kv_heads, 0, head_dim]
+        self.past = dict.fromkeys(graph.past, empty)  # host arrays until the first run
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        binding = self._session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name, value in self.past.items():
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits")  # in host memory: the caller keeps only a few rows of it
+        for name in self._graph.present:
+            binding.bind_output(name, "cuda", 0)
+        self._session.run_with_iobinding(binding)
+        logits, *presents = binding.get_outputs()
+        self.past = dict(zip(self._graph.past, presents, strict=True))
+        return logits.numpy()  # [1, T, V]
+
+    def truncate(self, n_past: int) -> None:
+        # an OrtValue cannot be sliced in place, and [:, :, :n] of [1, H, S, D] is not one contiguous block:
+        # copy through the host (one round trip of the cache per rollback that drops tokens)
+        for name, value in self.past.items():
+            host = value if isinstance(value, np.ndarray) else value.numpy()
+            prefix = np.ascontiguousarray(host[:, :, :n_past])  # [1, kv_heads, n_past, head_dim]
+            self.past[name] = self._ort.OrtValue.ortvalue_from_numpy(prefix, "cuda", 0)
+
+
+class OnnxBackend:
+    """An exported ONNX decoder and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
+
+    def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
+                 device: str = "cpu"):
+        folder = check_onnx_folder(folder)
+        ort = _require("onnxruntime")
+        self.name, self.path = folder.name, folder
+        self.provider = pick_provider(ort.get_available_providers(), device)
+        self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        self._session = open_session(ort, folder / MODEL_FILE, self.provider, self.n_threads)
+        config = read_json(folder / "config.json")
+        self._graph = read_graph(self._session, folder / MODEL_FILE, config)
+        self._tokenizer, self.vocab = read_vocab(folder, config, self._graph.n_vocab)
+        max_positions = config.get("max_position_embeddings")
+        self.n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
+        self.tokens: list[int] = []
+        on_gpu = self.provider in DEVICE_MEMORY
+        self._cache = DeviceCache(ort, self._session, self._graph) if on_gpu else HostCache(self._session, self._graph)
+
+    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        n = len(tokens)
+        if not 0 <= n_logits <= min(n, MAX_OUTPUTS):
+            raise ValueError(f"n_logits={n_logits} for {n} tokens (at most {MAX_OUTPUTS})")
+        if len(self.tokens) + n > self.n_ctx:
+            raise EdgespecError(f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}")
+        out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        first_out = n - n_logits  # index in `tokens` of the first position whose logits are returned
+        for start in range(0, n, PREFILL_CHUNK):
+            chunk = list(tokens[start:start + PREFILL_CHUNK])
+            logits = self._run(chunk)[0]  # [T, V]
+            keep = max(first_out - start, 0)  # rows of this chunk before the ones asked for
+            out[start + keep - first_out:start + len(chunk) - first_out] = logits[keep:]
+            del logits  # the all-positions buffer goes now, not at the next chunk
+            self.tokens.extend(chunk)
+        return out
+
+    def _run(self, chunk: list[int]) -> np.ndarray:
+        """Append one chunk to the cache; logits [1, T, V] for its positions."""
+        n_past, n = len(self.tokens), len(self.tokens) + len(chunk)
+        arrays = {"input_ids": np.array([chunk]),  # [1, T]
+                  "attention_mask": np.ones((1, n)),  # [1, n_past + T]
+                  "position_ids": np.arange(n_past, n)[None]}  # [1, T]
+        feeds = {name: arrays[name].astype(dtype) for name, dtype in self._graph.inputs.items()}
+        try:
+            return self._cache.run(feeds)
+        except Exception as e:  # onnxruntime's own error types; the cache is unchanged when a run fails
+            raise EdgespecError(f"onnxruntime failed on {self.name}: {str(e).strip().splitlines()[0]}") from None
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < 0 or n_past > len(self.tokens):
+            raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        if n_past < len(self.tokens):
+            self._cache.truncate(n_past)
+            del self.tokens[n_past:]
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        # without special, texts such as <|im_end|> stay text; with it, the post-processor may add a BOS
+        self._tokenizer.encode_special_tokens = not special
+        return self._tokenizer.encode(text, add_special_tokens=special).ids
+
+    def chat_template(self) -> str | None:
+        """tokenizer_config.json's template, else chat_template.jinja's (the order of llama.cpp's converter)."""
+        template = read_json(self.path / "tokenizer_config.json").get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja = self.path / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        return template
+
+    def memory(self) -> dict[str, int]:
+        g = self._graph
+        # past holds a key and a value per layer: [1, kv_heads, n_ctx, head_dim] each at full context
+        kv = len(g.past) * g.kv_heads * g.head_dim * np.dtype(g.kv_dtype).itemsize * self.n_ctx
+        return {
+            "weights": sum(f.stat().st_size for f in weight_files(self.path)),
+            "kv_cache": kv,
+            # onnxruntime returns logits for every position of a chunk; we keep at most MAX_OUTPUTS rows
+            "logits": min(PREFILL_CHUNK, self.n_ctx) * self.vocab.n_vocab * 4,
+        }
+
+    def close(self) -> None:
+        """Release the session and the cache; the backend is unusable afterwards."""
+        self._session = self._cache = None
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """model.onnx and its external data: the files beside it named model.onnx* (the export's convention,
+    e.g. model.onnx_data), found without parsing a graph that may be gigabytes."""
+    return sorted(f for f in folder.iterdir() if f.is_file() and f.name.startswith(MODEL_FILE))
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file of the folder, {} when absent, a clear error when unreadable."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EdgespecError(f"{path} is not valid JSON: {e}") from None
+
+
+def read_vocab(folder: Path, config: dict, n_vocab: int):
+    """(the tokenizers Tokenizer, the Vocab) of an export folder, in llama.cpp's conventions."""
+    tokenizers = _require("tokenizers")
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise EdgespecError(f"{folder} has no tokenizer.json: export the model with: edgespec export --to onnx")
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for files it cannot parse
+        raise EdgespecError(f"{path} is not a tokenizer the tokenizers library can read: {e}") from None
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size > n_vocab:
+        raise EdgespecError(f"{path} has {size} tokens but {folder / MODEL_FILE} scores only {n_vocab}")
+    # ids the embedding has but the tokenizer lacks are named as llama.cpp's converter names them
+    texts = [tokenizer.id_to_token(i) or f"[PAD{i}]" for i in range(n_vocab)]
+    added = tokenizer.get_added_tokens_decoder()  # id -> AddedToken
+    byte_level = "ByteLevel" in json.dumps(json.loads(path.read_text(encoding="utf-8")).get("decoder"))
+    pieces = [b"" if i in added and added[i].special  # control tokens print nothing
+              else text.encode("utf-8") if i in added
+              else piece(text, byte_level) for i, text in enumerate(texts)]
+    ids = tokenizer.get_vocab(with_added_tokens=True)  # text -> id
+    tokenizer_config = read_json(folder / "tokenizer_config.json")
+    generation = read_json(folder / "generation_config.json")
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos_id = special_id("eos", tokenizer_config, config, generation, ids)
+    vocab = Vocab(texts=tuple(t.encode("utf-8") for t in texts), pieces=tuple(pieces),
+                  bos_id=special_id("bos", tokenizer_config, config, generation, ids), eos_id=eos_id,
+                  eog_ids=eog_ids(ids, eos_ids | ({eos_id} if eos_id >= 0 else set())))
+    return tokenizer, vocab
+
+
+def special_id(kind: str, tokenizer_config: dict, config: dict, generation: dict, ids: dict[str, int]) -> int:
+    """The bos or eos id as llama.cpp's converter picks it: tokenizer_config.json's token text, else config.json's
+    id, else generation_config.json's (the first of a list); -1, llama.cpp's 'no token', when none says."""
+    entry = tokenizer_config.get(f"{kind}_token")
+    text = entry.get("content") if isinstance(entry, dict) else entry
+    if isinstance(text, str) and text in ids:
+        return ids[text]
+    for source in (config, generation):
+        value = source.get(f"{kind}_token_id")
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int):
+            return value
+    return -1
+
+
+def eog_ids(ids: dict[str, int], eos_ids: set[int]) -> frozenset[int]:
+    """End-of-generation ids: the EOS ids and the tokens llama.cpp's text rule marks (see EOG_TEXTS)."""
+    found = {ids[text] for text in EOG_TEXTS if text in ids}
+    for kind in FIM_EOG_TEXTS:
+        candidates = [ids[text] for text in kind if text in ids]
+        if candidates:
+            found.add(min(candidates))
+    if "<|return|>" in ids and "<|call|>" in ids and "<|end|>" in ids:
+        found.discard(ids["<|end|>"])  # gpt-oss: <|end|> ends a message, not the answer (llama.cpp's exception)
+    return frozenset(found | eos_ids)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode table inverted: the printable character byte-level BPE uses -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}  # these bytes stand for themselves
+    others = [b for b in range(256) if b not in table.values()]
+    table.update({chr(256 + n): b for n, b in enumerate(others)})  # the rest map to U+0100, U+0101, ...
+    return table
+
+BYTE_DECODER = _byte_decoder()
+
+
+def piece(text: str, byte_level: bool) -> bytes:
+    """The bytes a vocabulary token prints: byte-level BPE maps each character back to its byte; SentencePiece
+    vocabularies write a space as U+2581 and raw bytes as <0xNN>."""
+    if byte_level:
+        return b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode("utf-8") for c in text)
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        return bytes([int(text[3:5], 16)])
+    return text.replace("\u2581", " ").encode("utf-8")
