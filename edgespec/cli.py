@@ -78,6 +78,15 @@ def _status(message: str) -> None:
     click.echo(message, err=True)
 
 
+def describe(engine: Engine) -> str:
+    """Which models run where, e.g. 'target model.gguf (llama.cpp), draft ngram'."""
+    def where(backend):
+        return f"{backend.name} ({getattr(backend, 'provider', 'llama.cpp')})"
+
+    draft = where(engine.draft_backend) if engine.draft_backend else (engine.drafter.name if engine.drafter else "none")
+    return f"target {where(engine.target)}, draft {draft}"
+
+
 @main.command()
 @click.argument("prompt")
 @model_options
@@ -89,6 +98,8 @@ def generate(prompt, load_engine, chat, as_json, **sampling):
     if not as_json:
         _status("loading models and measuring draft costs ...")
     engine = load_engine()
+    if not as_json:
+        _status(describe(engine))
     stream = engine.stream(prompt, chat=chat, **sampling)
     if as_json:
         for _ in stream:
@@ -122,8 +133,7 @@ def chat(load_engine, system, **sampling):
     """Multi-turn chat in the terminal, streamed, over the model's chat template."""
     _status("loading models and measuring draft costs ...")
     engine = load_engine()
-    _status(f"edgespec chat: target {engine.target.name}, draft "
-            f"{engine.drafter.name if engine.drafter else 'none'}. /help for commands.")
+    _status(f"edgespec chat: {describe(engine)}. /help for commands.")
     history = [{"role": "system", "content": system}] if system else []
     last_stats = None
     while True:

@@ -29,10 +29,12 @@ from edgespec.runtime.backend import Vocab
 MODEL_FILE = "model.onnx"
 MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
 PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
-# on SmolLM2-135M (2 CPU threads) a 512-token prompt takes as long in chunks of 128 as of 256 (0.82 s), 64: 0.95 s
+# a 512-token prompt through SmolLM2-135M fp32 (2 CPU threads) takes 0.82-0.85 s in chunks of 128, 0.81 s of 256,
+# 0.95-1.0 s of 64
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider", "coreml": "CoreMLExecutionProvider"}
-# best first; TensorRT builds its engines at load and per new shape range, so auto leaves it to those who ask
+# best first; TensorRT builds its engines at load and per new shape range, so auto leaves it to those who ask.
+# A GPU build of onnxruntime lists its providers whether or not the GPU libraries load: auto then runs on the CPU.
 AUTO_ORDER = ("cuda", "coreml", "cpu")
 DEVICE_MEMORY = {"CUDAExecutionProvider", "TensorrtExecutionProvider"}  # providers whose tensors live on a GPU
 FEED_INPUTS = {"input_ids", "attention_mask", "position_ids"}
@@ -86,14 +88,15 @@ def pick_provider(available: Sequence[str], device: str) -> str:
     return PROVIDERS[device]
 
 
-def open_session(ort, path: Path, provider: str, n_threads: int):
-    """An InferenceSession on `provider` (CPU as fallback for the ops it lacks), quiet, not spinning."""
+def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool):
+    """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, not spinning. onnxruntime falls back
+    to the CPU when the provider's libraries do not load: with `strict` that is an error."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = n_threads
     # a spinning pool burns the cores between runs, which a draft model or the other model of a pair needs
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    options.log_severity_level = 0 if os.environ.get("EDGESPEC_ORT_LOG") else 3
+    options.log_severity_level = 2 if os.environ.get("EDGESPEC_ORT_LOG") else 3  # warnings, else errors only
     providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
     if provider == "TensorrtExecutionProvider":
         providers.insert(1, "CUDAExecutionProvider")  # for the subgraphs TensorRT rejects
@@ -102,8 +105,9 @@ def open_session(ort, path: Path, provider: str, n_threads: int):
     except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for unreadable files
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise EdgespecError(f"onnxruntime could not load {path}: {reason}") from None
-    if session.get_providers()[0] != provider:  # onnxruntime falls back to the CPU when a GPU library is missing
-        raise EdgespecError(f"onnxruntime could not start {provider} for {path} (set EDGESPEC_ORT_LOG=1 to see why)")
+    if strict and session.get_providers()[0] != provider:
+        raise EdgespecError(f"onnxruntime could not start {provider} for {path}: its libraries did not load "
+                            "(the reason is in onnxruntime's log above)")
     return session
 
 
@@ -166,11 +170,11 @@ class HostCache:
 
 
 class DeviceCache:
-    """The past as OrtValues in GPU memory, bound with IO binding, so the cache does not cross the bus each
-    step; only the logits come back to the host. Not exercised by the test suite (no GPU there)."""
+    """The past as OrtValues in device memory ("cuda"), bound with IO binding, so the cache does not cross the
+    bus each step; only the logits come back to the host. The tests run it with device "cpu" (no GPU there)."""
 
-    def __init__(self, ort, session, graph: Graph):
-        self._ort, self._session, self._graph = ort, session, graph
+    def __init__(self, ort, session, graph: Graph, device: str = "cuda"):
+        self._ort, self._session, self._graph, self._device = ort, session, graph, device
         empty = np.zeros((1, graph.kv_heads, 0, graph.head_dim), graph.kv_dtype)  # [1, kv_heads, 0, head_dim]
         self.past = dict.fromkeys(graph.past, empty)  # host arrays until the first run
 
@@ -185,7 +189,7 @@ class DeviceCache:
                 binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits")  # in host memory: the caller keeps only a few rows of it
         for name in self._graph.present:
-            binding.bind_output(name, "cuda", 0)
+            binding.bind_output(name, self._device, 0)
         self._session.run_with_iobinding(binding)
         logits, *presents = binding.get_outputs()
         self.past = dict(zip(self._graph.past, presents, strict=True))
@@ -197,7 +201,8 @@ class DeviceCache:
         for name, value in self.past.items():
             host = value if isinstance(value, np.ndarray) else value.numpy()
             prefix = np.ascontiguousarray(host[:, :, :n_past])  # [1, kv_heads, n_past, head_dim]
-            self.past[name] = self._ort.OrtValue.ortvalue_from_numpy(prefix, "cuda", 0)
+            # an empty cache stays on the host: no zero-byte device buffers
+            self.past[name] = self._ort.OrtValue.ortvalue_from_numpy(prefix, self._device, 0) if n_past else prefix
 
 
 class OnnxBackend:
@@ -208,9 +213,10 @@ class OnnxBackend:
         folder = check_onnx_folder(folder)
         ort = _require("onnxruntime")
         self.name, self.path = folder.name, folder
-        self.provider = pick_provider(ort.get_available_providers(), device)
+        provider = pick_provider(ort.get_available_providers(), device)
         self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
-        self._session = open_session(ort, folder / MODEL_FILE, self.provider, self.n_threads)
+        self._session = open_session(ort, folder / MODEL_FILE, provider, self.n_threads, strict=device != "auto")
+        self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)
         self._tokenizer, self.vocab = read_vocab(folder, config, self._graph.n_vocab)
@@ -231,8 +237,9 @@ class OnnxBackend:
         for start in range(0, n, PREFILL_CHUNK):
             chunk = list(tokens[start:start + PREFILL_CHUNK])
             logits = self._run(chunk)[0]  # [T, V]
-            keep = max(first_out - start, 0)  # rows of this chunk before the ones asked for
-            out[start + keep - first_out:start + len(chunk) - first_out] = logits[keep:]
+            skip = min(max(first_out - start, 0), len(chunk))  # rows of this chunk before the ones asked for
+            if skip < len(chunk):
+                out[start + skip - first_out:start + len(chunk) - first_out] = logits[skip:]
             del logits  # the all-positions buffer goes now, not at the next chunk
             self.tokens.extend(chunk)
         return out
@@ -319,7 +326,7 @@ def read_vocab(folder: Path, config: dict, n_vocab: int):
     # ids the embedding has but the tokenizer lacks are named as llama.cpp's converter names them
     texts = [tokenizer.id_to_token(i) or f"[PAD{i}]" for i in range(n_vocab)]
     added = tokenizer.get_added_tokens_decoder()  # id -> AddedToken
-    byte_level = "ByteLevel" in json.dumps(json.loads(path.read_text(encoding="utf-8")).get("decoder"))
+    byte_level = tokenizer.decoder is not None and b"ByteLevel" in tokenizer.decoder.__getstate__()  # its JSON
     pieces = [b"" if i in added and added[i].special  # control tokens print nothing
               else text.encode("utf-8") if i in added
               else piece(text, byte_level) for i, text in enumerate(texts)]
@@ -369,6 +376,7 @@ def _byte_decoder() -> dict[str, int]:
     others = [b for b in range(256) if b not in table.values()]
     table.update({chr(256 + n): b for n, b in enumerate(others)})  # the rest map to U+0100, U+0101, ...
     return table
+
 
 BYTE_DECODER = _byte_decoder()
 

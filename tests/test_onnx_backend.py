@@ -1,0 +1,321 @@
+"""The ONNX backend: cache arithmetic on a tiny export, vocabularies equal to llama.cpp's, exactness through the
+speculative loop, and the real SmolLM2 as ONNX against its GGUFs (marked slow)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from stats_util import ALPHA, two_sample
+
+from edgespec.api import Engine
+from edgespec.bench import read_prompts
+from edgespec.errors import EdgespecError
+from edgespec.export import export
+from edgespec.runtime import onnx_backend
+from edgespec.runtime.cost import DraftController
+from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.runtime.onnx_backend import MAX_OUTPUTS, OnnxBackend, eog_ids, piece
+
+REPEATING = "red green blue, red green blue, red green blue, red green"  # prompt lookup finds matches
+TEXTS = ["Hello world 12345, it's 3.14!", "<|im_start|>user\nHi there<|im_end|>\n", "café, naïve, 😀 and ünïcödé",
+         "  two  spaces\n\n\ttab {x: [1, 2]} <reponame>"]
+
+
+def controller():
+    return DraftController({n: 1.0 for n in range(1, 17)}, 0.0, k_max=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint (SmolLM2's tokenizer) exported to ONNX fp32, parity checked."""
+    out = tmp_path_factory.mktemp("onnx-backend") / "tiny-fp32"
+    export(str(tiny_checkpoint), "onnx", "fp32", out, progress=False)
+    return out
+
+
+@pytest.fixture
+def tiny(tiny_onnx):
+    backend = OnnxBackend(tiny_onnx, n_ctx=256)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_backend(default_gguf):
+    """The shipped SmolLM2 GGUF: the reference for vocabulary and tokenization."""
+    backend = LlamaBackend(default_gguf, n_ctx=256)
+    yield backend
+    backend.close()
+
+
+def token_ids(backend, n):
+    ids = backend.tokenize(" ".join(TEXTS) * 4, special=False)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+# --- the cache: forward, chunks, rollback ---
+
+
+@pytest.fixture(params=["host", "io-binding"])
+def backend(request, tiny):
+    """The tiny backend with each cache: numpy arrays, or OrtValues through IO binding (on the CPU here; the
+    same code keeps the cache in GPU memory under CUDA)."""
+    if request.param == "io-binding":
+        import onnxruntime
+
+        tiny._cache = onnx_backend.DeviceCache(onnxruntime, tiny._session, tiny._graph, "cpu")
+    return tiny
+
+
+def test_chunks_and_pieces_give_the_logits_of_one_pass(backend, monkeypatch):
+    monkeypatch.setattr(onnx_backend, "PREFILL_CHUNK", 7)  # rows asked for span chunk boundaries
+    ids = token_ids(backend, 40)
+    whole = backend.forward(ids, 16)  # [16, V]
+    backend.rollback(0)
+    parts = [backend.forward(ids[:24], 0), backend.forward(ids[24:35], 11), backend.forward(ids[35:], 5)]
+    assert [p.shape[0] for p in parts] == [0, 11, 5]
+    np.testing.assert_allclose(np.concatenate(parts), whole, atol=1e-4)
+    assert backend.tokens == ids
+
+
+def test_rollback_then_refeed_gives_the_same_logits(backend):
+    ids = token_ids(backend, 30)
+    backend.forward(ids[:20], 0)
+    first = backend.forward(ids[20:], 4)
+    backend.forward([5000, 6000, 7000], 3)  # a rejected draft
+    backend.rollback(20)
+    assert backend.tokens == ids[:20]
+    np.testing.assert_allclose(backend.forward(ids[20:], 4), first, atol=1e-4)
+    backend.rollback(len(backend.tokens))  # nothing to drop
+    backend.rollback(0)
+    np.testing.assert_allclose(backend.forward(ids, 4), first, atol=1e-4)
+    with pytest.raises(ValueError):
+        backend.rollback(31)
+
+
+def test_only_the_rows_asked_for_come_back(tiny):
+    ids = token_ids(tiny, 20)
+    assert tiny.forward([], 0).shape == (0, tiny.vocab.n_vocab) and tiny.tokens == []
+    assert tiny.forward(ids[:10], 0).shape == (0, tiny.vocab.n_vocab)
+    last = tiny.forward(ids[10:], 3)
+    assert last.shape == (3, tiny.vocab.n_vocab) and last.dtype == np.float32
+    for n_tokens, n_logits in [(2, 3), (20, MAX_OUTPUTS + 1), (2, -1)]:
+        with pytest.raises(ValueError):
+            tiny.forward(ids[:n_tokens], n_logits)
+    assert tiny.tokens == ids
+
+
+def test_context_overflow_is_an_error_that_keeps_the_cache(tiny_onnx):
+    backend = OnnxBackend(tiny_onnx, n_ctx=16)
+    backend.forward(list(range(100, 110)), 0)
+    with pytest.raises(EdgespecError, match="17 tokens do not fit the context of 16"):
+        backend.forward(list(range(7)), 1)
+    assert backend.tokens == list(range(100, 110))
+    assert backend.forward(list(range(6)), 1).shape == (1, backend.vocab.n_vocab)
+
+
+def test_context_and_memory_facts(tiny_onnx):
+    backend = OnnxBackend(tiny_onnx, n_ctx=100_000)
+    assert backend.n_ctx == 512  # the checkpoint's max_position_embeddings
+    assert (backend.name, backend.path, backend.provider) == ("tiny-fp32", tiny_onnx, "CPUExecutionProvider")
+    memory = backend.memory()
+    assert memory["weights"] == (tiny_onnx / "model.onnx").stat().st_size
+    assert memory["kv_cache"] == 2 * 2 * 2 * 16 * 4 * 512  # layers x (key, value) x kv heads x head dim x f32
+    assert memory["logits"] == onnx_backend.PREFILL_CHUNK * backend.vocab.n_vocab * 4
+
+
+# --- vocabulary and tokenizer: the same as llama.cpp's for the same model ---
+
+
+def test_vocab_equals_the_gguf_of_the_same_tokenizer(tiny, gguf_backend):
+    ours, theirs = tiny.vocab, gguf_backend.vocab
+    assert ours.texts == theirs.texts  # GPT-2 byte-level strings: 'Ġthe', 'Ċ'
+    assert ours.pieces == theirs.pieces
+    assert (ours.bos_id, ours.eos_id) == (theirs.bos_id, theirs.eos_id) == (1, 2)
+    # <|endoftext|>, <|im_end|> by name; <reponame> because llama.cpp reads it as a fill-in-the-middle repo token
+    assert ours.eog_ids == theirs.eog_ids == {0, 2, 4}
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("special", [True, False])
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenize_equals_the_gguf(tiny, gguf_backend, text, special):
+    assert tiny.tokenize(text, special=special) == gguf_backend.tokenize(text, special=special)
+
+
+def test_special_texts_parse_only_when_asked(tiny):
+    assert tiny.tokenize("<|im_end|>", special=True) == [2]
+    assert 2 not in tiny.tokenize("<|im_end|>", special=False)
+    assert tiny.tokenize("hi", special=True) == tiny.tokenize("hi", special=False)  # SmolLM2 adds no BOS
+
+
+def test_chat_template_equals_the_gguf(tiny, gguf_backend):
+    assert tiny.chat_template() == gguf_backend.chat_template()
+
+
+def test_pieces_follow_the_vocabulary_kind():
+    assert piece("Ġcaf\u00c3\u00a9", byte_level=True) == " café".encode()  # é is the two bytes Ã ©
+    assert piece("\u010a", byte_level=True) == b"\n"
+    assert piece("\u2581hello", byte_level=False) == b" hello"  # SentencePiece's space
+    assert piece("<0x0A>", byte_level=False) == b"\n"
+
+
+@pytest.mark.parametrize("ids, eos, expected", [
+    ({"<|im_end|>": 2, "<reponame>": 4, "<file_sep>": 5}, {2}, {2, 4}),
+    ({"<|eot_id|>": 9, "<|end_of_text|>": 7}, {7}, {7, 9}),
+    ({"<|fim_repo|>": 6, "<|repo_name|>": 3, "<|file_sep|>": 8, "<|fim_pad|>": 1}, set(), {1, 3, 8}),
+    ({"<|end|>": 5, "<|return|>": 6, "<|call|>": 7}, {6}, {6, 7}),  # gpt-oss keeps <|end|> out
+    ({"hello": 3}, {11, 12}, {11, 12}),  # generation_config.json may list several
+])
+def test_end_of_generation_ids_follow_llama_cpp(ids, eos, expected):
+    assert eog_ids(ids, eos) == expected
+
+
+# --- exactness through the loop ---
+
+
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_greedy_speculation_equals_target_only(tiny, tiny_onnx, draft):
+    if draft == "ngram":
+        drafter, draft_backend = PromptLookupDrafter(tiny.vocab.n_vocab), None
+    else:
+        draft_backend = OnnxBackend(tiny_onnx, n_ctx=256)
+        drafter = ModelDrafter(draft_backend, tiny.vocab)
+    engine = Engine(tiny, drafter, controller(), draft_backend)
+    drafted = 0
+    for prompt in [REPEATING, "Once upon a time", "1, 2, 3, 4, 5, 6,"]:
+        base = engine.generate(prompt, max_tokens=32, chat=False, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=32, chat=False, draft_max=4)
+        assert spec.tokens == base.tokens and spec.text == base.text, prompt
+        assert base.stats.drafted == 0
+        drafted += spec.stats.drafted
+    assert drafted > 0
+
+
+# --- errors ---
+
+
+def kv_less_model(path):
+    """A valid ONNX graph input_ids -> logits with no past key/values."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.eye(8, dtype=np.float32), "table")  # [V, V]
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], ["logits"])], "no-kv",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "T", 8])], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_unusable_folders_are_clear_errors(tmp_path):
+    with pytest.raises(EdgespecError, match="model folder not found"):
+        OnnxBackend(tmp_path / "absent")
+    with pytest.raises(EdgespecError, match="has no model.onnx: export one with: edgespec export --to onnx"):
+        OnnxBackend(tmp_path)
+    (tmp_path / "model.onnx").write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(EdgespecError, match="onnxruntime could not load .*model.onnx: ") as e:
+        OnnxBackend(tmp_path)
+    assert "\n" not in str(e.value)
+    kv_less_model(tmp_path / "model.onnx")
+    with pytest.raises(EdgespecError, match="takes no past key/values: .*edgespec export --to onnx"):
+        OnnxBackend(tmp_path / "model.onnx")  # the model file itself names its folder
+
+
+def test_devices(tiny_onnx, monkeypatch):
+    import onnxruntime
+
+    with pytest.raises(EdgespecError, match="unknown device 'gpu': choose one of cpu, cuda, tensorrt, coreml, auto"):
+        OnnxBackend(tiny_onnx, device="gpu")
+    # a GPU build lists CUDA whether or not a GPU and its libraries are there: auto then falls back to the CPU
+    assert OnnxBackend(tiny_onnx, device="auto").provider in onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        try:
+            assert OnnxBackend(tiny_onnx, device="cuda").provider == "CUDAExecutionProvider"
+        except EdgespecError as e:
+            assert "could not start CUDAExecutionProvider" in str(e)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(EdgespecError, match="device 'cuda' needs onnxruntime's CUDAExecutionProvider, but this "
+                                            "onnxruntime has only CPUExecutionProvider: install onnxruntime-gpu"):
+        OnnxBackend(tiny_onnx, device="cuda")
+    assert OnnxBackend(tiny_onnx, device="auto").provider == "CPUExecutionProvider"
+
+
+def test_runtime_libraries_are_imported_only_when_used():
+    code = ("import sys, edgespec, edgespec.runtime.onnx_backend; "
+            "print(sorted({'onnxruntime', 'tokenizers', 'onnx'} & set(sys.modules)))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_a_missing_onnxruntime_says_how_to_install_it(tiny_onnx, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` raise ImportError
+    with pytest.raises(EdgespecError, match=r"ONNX models need onnxruntime: pip install 'edgespec\[onnx\]'"):
+        OnnxBackend(tiny_onnx)
+
+
+# --- the real SmolLM2-135M-Instruct ---
+
+
+@pytest.fixture(scope="module")
+def smollm2_onnx(smollm2_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("onnx-backend-real") / "smollm2-fp32"
+    export(str(smollm2_checkpoint), "onnx", "fp32", out, progress=False, parity=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smollm2_f32_gguf(smollm2_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx-backend-real") / "smollm2-f32.gguf"
+    export(str(smollm2_checkpoint), "gguf", "f32", path, progress=False, parity=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_onnx(smollm2_onnx):
+    backend = OnnxBackend(smollm2_onnx, n_ctx=1024)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.slow
+def test_real_export_greedy_matches_its_f32_gguf(real_onnx, smollm2_f32_gguf):
+    onnx_engine = Engine(real_onnx, None, None)
+    gguf_engine = Engine(LlamaBackend(smollm2_f32_gguf, n_ctx=1024), None, None)
+    assert real_onnx.vocab == gguf_engine.target.vocab
+    for prompt in [row["prompt"] for row in read_prompts(None)][:3]:  # chat-templated, as the CLI runs them
+        expected = gguf_engine.generate(prompt, max_tokens=24)
+        assert onnx_engine.generate(prompt, max_tokens=24).tokens == expected.tokens, prompt
+    gguf_engine.close()
+
+
+@pytest.mark.slow
+def test_mixed_pair_onnx_target_gguf_draft_is_exact(real_onnx, default_gguf):
+    draft = LlamaBackend(default_gguf, n_ctx=1024)
+    engine = Engine(real_onnx, ModelDrafter(draft, real_onnx.vocab), controller(), draft)  # vocabularies checked
+    drafted = accepted = 0
+    for prompt in [row["prompt"] for row in read_prompts(None)][::8]:
+        base = engine.generate(prompt, max_tokens=32, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=32, draft_max=4)
+        assert spec.tokens == base.tokens, prompt
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert drafted > 0 and 0 < accepted <= drafted
+    draft.close()
+
+
+@pytest.mark.slow
+def test_temperature_one_first_tokens_match_target_only(real_onnx):
+    """As in test_real_model: the first two tokens over 300 seeds, target-only vs ngram speculative."""
+    engine = Engine(real_onnx, PromptLookupDrafter(real_onnx.vocab.n_vocab), controller())
+
+    def first_tokens(seeds, draft_max):
+        return [tuple(engine.generate(REPEATING, max_tokens=2, temperature=1.0, seed=seed, chat=False,
+                                      draft_max=draft_max).tokens) for seed in seeds]
+
+    base, spec = first_tokens(range(300), 0), first_tokens(range(1000, 1300), 3)
+    assert two_sample([t[0] for t in base], [t[0] for t in spec]) > ALPHA
+    assert two_sample(base, spec) > ALPHA
+    assert len(set(base)) > 3
