@@ -58,3 +58,9 @@ def test_measure_pass_costs_times_each_length_and_empties_the_cache():
     assert sorted(measured) == [1, 2, 3, 4, 5] and all(t >= 0 for t in measured.values())
     assert backend.tokens == []
     assert (5, 5) in backend.calls
+
+
+def test_a_draft_too_slow_to_ever_pay_is_not_probed():
+    c = controller_with(0.9, 0.6, draft_cost=2.0)  # a draft step costs twice a target step
+    assert not c.could_pay()
+    assert [c.choose() for _ in range(PROBE_EVERY * 3)] == [0] * (PROBE_EVERY * 3)

@@ -87,9 +87,16 @@ class DraftController:
         """Expected tokens per second with k drafts per round."""
         return expected_tokens(self.alpha, k) / (k * self.draft_cost + self.target_costs[k + 1])
 
+    def could_pay(self) -> bool:
+        """Would some draft length beat target-only decoding if every draft were accepted? If not, the
+        draft is too slow for this target and probing its acceptance is pure cost."""
+        base = 1.0 / self.target_costs[1]
+        return any((k + 1) / (k * self.draft_cost + self.target_costs[k + 1]) > base
+                   for k in range(1, self.k_max + 1))
+
     def choose(self) -> int:
         k = max(range(self.k_max + 1), key=self.predicted_rate)
-        if k == 0:
+        if k == 0 and self.could_pay():
             self._idle_rounds += 1
             if self._idle_rounds >= PROBE_EVERY:  # acceptance may have changed with the text
                 self._idle_rounds = 0
