@@ -319,3 +319,23 @@ def test_temperature_one_first_tokens_match_target_only(real_onnx):
     assert two_sample([t[0] for t in base], [t[0] for t in spec]) > ALPHA
     assert two_sample(base, spec) > ALPHA
     assert len(set(base)) > 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["ngram", "onnx"])
+def test_real_onnx_greedy_speculation_equals_target_only(real_onnx, smollm2_onnx, draft):
+    """On the ONNX export of the real checkpoint, with prompt lookup and with an ONNX draft model (a second
+    backend over the same export: same vocabulary, its own cache)."""
+    draft_backend = OnnxBackend(smollm2_onnx, n_ctx=1024) if draft == "onnx" else None
+    drafter = (ModelDrafter(draft_backend, real_onnx.vocab) if draft_backend
+               else PromptLookupDrafter(real_onnx.vocab.n_vocab))
+    engine = Engine(real_onnx, drafter, controller(), draft_backend)
+    drafted = 0
+    for prompt in [row["prompt"] for row in read_prompts(None)][4::8]:
+        base = engine.generate(prompt, max_tokens=32, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=32, draft_max=4)
+        assert spec.tokens == base.tokens, prompt
+        drafted += spec.stats.drafted
+    assert drafted > 0
+    if draft_backend:
+        draft_backend.close()
