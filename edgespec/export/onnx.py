@@ -5,25 +5,25 @@ external data file if it has one), the tokenizer files and generation_config.jso
 The work happens in a hidden temporary folder beside `out`, renamed to `out` only after the parity check
 passed; on any failure, Ctrl-C included, the temporary folder is removed (the parity report stays).
 
-This is the only module importing optimum, onnx and onnxruntime, lazily, so `import edgespec` works
-without them. Nothing here writes to stdout: the CLI's --json mode owns it.
+This is the only module importing optimum and onnx's tools (and onnxruntime's quantizers), lazily, so
+`import edgespec` works without them; exports are run for the parity check by the runtime's own
+OnnxBackend, the backend that serves them later. Nothing here writes to stdout: the CLI's --json mode
+owns it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from edgespec.errors import EdgespecError
-from edgespec.export.hf import HFModel, load_tokenizer, read_config
-from edgespec.export.parity import check, run_parity, write_report
+from edgespec.export.hf import HFModel, read_config
+from edgespec.export.parity import BackendModel, check, run_parity, write_report
+from edgespec.runtime.onnx_backend import OnnxBackend
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 MODEL_FILE = "model.onnx"
@@ -39,6 +39,7 @@ BLOCK_SIZE = 32  # weights per scale in MatMulNBits blocks; 128 costs SmolLM2-13
 # more bits).
 SENSITIVE_MATMULS = "/mlp/down_proj/"
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PARITY_CTX = 512  # the parity prompts and their greedy continuations fit easily
 DISK_FACTOR = 2.5  # the float32 export, a quantized copy, and room for the quantizers' scratch files
 
 
@@ -78,14 +79,14 @@ def export_onnx(src: Path, out: Path, quant: str, *, progress: bool = True, pari
     try:
         with contextlib.redirect_stdout(sys.stderr):  # the libraries' prints must not reach our stdout
             folder = build(src, tmp, quant, say)
-            exported = OnnxModel(folder)
+            exported = BackendModel(OnnxBackend(folder, n_ctx=PARITY_CTX))
             exported.logits([0, 1])  # loads and runs on the CPU, even when no parity check follows
             if parity:
                 say("checking parity ...")
                 report = run_parity(quant, HFModel(src), exported)
                 write_report(report, report_path)
                 check(report, report_path)
-            del exported  # closes the session before its files move
+            exported.backend.close()  # closes the session before its files move
         folder.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -207,76 +208,3 @@ def sensitive_matmuls(model: Path) -> list[str]:
 
 
 QUANTIZERS = {"fp16": to_fp16, "int8": to_int8, "int4": to_int4}
-
-
-class OnnxModel:
-    """An exported decoder with past key/values on onnxruntime's CPU provider, as a parity LogitsModel."""
-
-    def __init__(self, folder: str | Path):
-        ort = _require("onnxruntime")
-        self.folder = Path(folder)
-        self.session = ort.InferenceSession(str(self.folder / MODEL_FILE), providers=["CPUExecutionProvider"])
-        self.tokenizer = load_tokenizer(self.folder)
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        self.input_names = set(inputs)
-        self.past_names = [name for name in inputs if name.startswith("past_key_values.")]  # .{layer}.{key|value}
-        if not self.past_names:
-            raise EdgespecError(f"{self.folder / MODEL_FILE} takes no past key/values: export it with a KV cache")
-        self.present_names = [name.replace("past_key_values.", "present.") for name in self.past_names]
-        config = read_config(self.folder)
-        first = inputs[self.past_names[0]]
-        self.kv_dtype = np.float16 if first.type == "tensor(float16)" else np.float32
-        self.kv_heads, self.head_dim = kv_dims(first.shape, config)
-        self.eos = eos_ids(self.folder, config)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text)["input_ids"]
-
-    def logits(self, ids: list[int]) -> np.ndarray:  # [T, V]
-        logits, _ = self.forward(ids, self.empty_past(), 0)
-        return logits
-
-    def greedy(self, ids: list[int], n: int) -> list[int]:
-        """The n greedy tokens after ids, one cached step each, stopping before an end token."""
-        tokens: list[int] = []
-        logits, past = self.forward(ids, self.empty_past(), 0)
-        while len(tokens) < n:
-            token = int(logits[-1].argmax())
-            if token in self.eos:
-                break
-            tokens.append(token)
-            if len(tokens) < n:
-                logits, past = self.forward([token], past, len(ids) + len(tokens) - 1)
-        return tokens
-
-    def empty_past(self) -> dict[str, np.ndarray]:
-        return {name: np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype) for name in self.past_names}
-
-    def forward(self, ids: list[int], past: dict[str, np.ndarray], n_past: int):
-        """Logits [T, V] (float32) for `ids` after `n_past` cached positions, and the grown cache."""
-        n = n_past + len(ids)
-        feeds = {"input_ids": np.array([ids], dtype=np.int64), **past}  # [1, T]
-        optional = {"attention_mask": np.ones((1, n), dtype=np.int64),  # [1, n_past + T]
-                    "position_ids": np.arange(n_past, n, dtype=np.int64)[None]}  # [1, T]
-        feeds.update({name: value for name, value in optional.items() if name in self.input_names})
-        logits, *presents = self.session.run(["logits", *self.present_names], feeds)
-        return logits[0].astype(np.float32), dict(zip(self.past_names, presents, strict=True))
-
-
-def kv_dims(shape: list, config: dict) -> tuple[int, int]:
-    """(kv heads, head dim) from a past input's shape [batch, kv_heads, past, head_dim], else from config.json."""
-    if isinstance(shape[1], int) and isinstance(shape[3], int):
-        return shape[1], shape[3]
-    heads = config.get("num_key_value_heads", config["num_attention_heads"])
-    return heads, config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-
-
-def eos_ids(folder: Path, config: dict) -> set[int]:
-    """End-of-text token ids: generation_config.json's, else config.json's (an int or a list)."""
-    path = folder / "generation_config.json"
-    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-    if eos is None:
-        eos = config.get("eos_token_id")
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, list) else {eos}
