@@ -92,6 +92,14 @@ class Backend(Protocol):
         ...
 
 
+def check_forward(backend: Backend, n_tokens: int, n_logits: int, max_outputs: int) -> None:
+    """The argument rules every backend's forward enforces, in one place."""
+    if not 0 <= n_logits <= min(n_tokens, max_outputs):
+        raise ValueError(f"n_logits={n_logits} for {n_tokens} tokens (at most {max_outputs})")
+    if len(backend.tokens) + n_tokens > backend.n_ctx:
+        raise EdgespecError(f"{len(backend.tokens) + n_tokens} tokens do not fit the context of {backend.n_ctx}")
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))

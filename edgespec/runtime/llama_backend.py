@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Vocab
+from edgespec.runtime.backend import Vocab, check_forward
 
 MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
 GGUF_MAGIC = b"GGUF"
@@ -116,10 +116,7 @@ class LlamaBackend:
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         lib = _llama
         n = len(tokens)
-        if not 0 <= n_logits <= min(n, MAX_OUTPUTS):
-            raise ValueError(f"n_logits={n_logits} for {n} tokens (at most {MAX_OUTPUTS})")
-        if len(self.tokens) + n > self.n_ctx:
-            raise EdgespecError(f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}")
+        check_forward(self, n, n_logits, MAX_OUTPUTS)
         out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
         b = self._batch
         for start in range(0, n, self.n_batch):
