@@ -21,7 +21,7 @@ def export_source(source: Source, to: str, quant: str, out: str | Path, *, progr
     if to == "onnx":
         if source.kind != "hf":
             raise EdgespecError("ONNX export starts from a Hugging Face checkpoint (a folder or hub id), not a GGUF")
-        from edgespec.export.gguf import count_params
+        from edgespec.export.files import count_params
         from edgespec.export.onnx import export_onnx
 
         summary = export_onnx(source.path, Path(out), quant, progress=progress, parity=parity)

@@ -8,7 +8,6 @@ temporary names beside the output and renamed only after the parity check passed
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,12 +17,12 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.export import parity
+from edgespec.export.files import count_params, ensure_disk, say
 from edgespec.models.source import Source
 
 # bits per weight, for the disk-space estimate
 GGUF_QUANTS = {"f32": 32, "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.6, "q5_k_m": 5.7, "q4_k_m": 4.9, "q4_0": 4.5}
 CONVERTER_TYPES = {"f32", "f16", "bf16", "q8_0"}  # what convert_hf_to_gguf writes itself
-SOURCE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True, check_parity: bool = True) -> dict:
@@ -56,7 +55,7 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
         report = None
         report_path = Path(str(out) + ".parity.json")
         if check_parity:
-            _say(progress, "checking parity with the source ...")
+            say(progress, "checking parity with the source ...")
             report = gguf_parity(source, tmp, quant)
             parity.write_report(report, report_path)
             parity.check(report, report_path)
@@ -65,40 +64,6 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
         shutil.rmtree(work, ignore_errors=True)
     return {"format": "gguf", "quant": quant, "path": str(out), "source": source.ref, "n_params": n_params,
             "weight_bytes": out.stat().st_size, "parity": report, "parity_report": str(report_path) if report else None}
-
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
-
-
-def count_params(source: Source) -> int:
-    """Parameter count, read without loading weights: GGUF tensor shapes or safetensors headers."""
-    if source.kind == "gguf":
-        import gguf
-
-        reader = gguf.GGUFReader(source.path)
-        return int(sum(int(t.n_elements) for t in reader.tensors))
-    total = 0
-    for f in sorted(source.path.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        for name, info in header.items():
-            if name != "__metadata__":
-                n = 1
-                for d in info["shape"]:
-                    n *= d
-                total += n
-    if not total:
-        raise EdgespecError(f"{source.path} has no .safetensors weights to export")
-    return total
-
-
-def ensure_disk(folder: Path, need_bytes: float) -> None:
-    free = shutil.disk_usage(folder).free
-    if free < need_bytes:
-        raise EdgespecError(f"not enough disk: the export needs about {need_bytes / 1e9:.1f} GB at {folder}, "
-                            f"{free / 1e9:.1f} GB free")
 
 
 def check_architecture(folder: Path) -> None:
@@ -117,7 +82,7 @@ def check_architecture(folder: Path) -> None:
 
 def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
     """Run llama.cpp's converter; its progress bars go to stderr, nothing to stdout."""
-    _say(progress, f"converting {folder} to GGUF {outtype} ...")
+    say(progress, f"converting {folder} to GGUF {outtype} ...")
     cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(folder), "--outtype", outtype, "--outfile", str(dst)]
     done = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
                           stderr=None if progress else subprocess.STDOUT, text=True)

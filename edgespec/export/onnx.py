@@ -14,6 +14,7 @@ owns it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import shutil
 import sys
@@ -21,8 +22,11 @@ import tempfile
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
+from edgespec.export import files
+from edgespec.export.files import count_params, ensure_disk
 from edgespec.export.hf import HFModel, read_config
 from edgespec.export.parity import BackendModel, check, run_parity, write_report
+from edgespec.models.source import Source
 from edgespec.runtime.onnx_backend import OnnxBackend
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
@@ -38,7 +42,6 @@ BLOCK_SIZE = 32  # weights per scale in MatMulNBits blocks; 128 costs SmolLM2-13
 # these 0.075, 0.87; int4 all 0.34, 0.76; these in 8 bits 0.15, 0.87 (llama.cpp's Q4_K_M too gives ffn_down
 # more bits).
 SENSITIVE_MATMULS = "/mlp/down_proj/"
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PARITY_CTX = 512  # the parity prompts and their greedy continuations fit easily
 DISK_FACTOR = 2.5  # the float32 export, a quantized copy, and room for the quantizers' scratch files
 
@@ -62,18 +65,15 @@ def export_onnx(src: Path, out: Path, quant: str, *, progress: bool = True, pari
     if quant not in ONNX_QUANTS:
         raise EdgespecError(f"unknown ONNX quantization {quant!r}: choose one of {', '.join(ONNX_QUANTS)}")
     src, out = Path(src), Path(out)
-    config = read_config(src)
+    read_config(src)  # a clear error for a folder that is no checkpoint, before anything else
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EdgespecError(f"{out} already exists and is not an empty folder: remove it or choose another output")
     out.parent.mkdir(parents=True, exist_ok=True)
-    check_disk(src, config, out.parent)
+    ensure_disk(out.parent, count_params(Source("hf", src, str(src))) * 4 * DISK_FACTOR)
     report_path = Path(str(out) + ".parity.json")
     report_path.unlink(missing_ok=True)  # a report left by an earlier failed export would describe another model
 
-    def say(line: str) -> None:
-        if progress:
-            print(line, file=sys.stderr, flush=True)
-
+    say = functools.partial(files.say, progress)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     report = None
     try:
@@ -94,21 +94,6 @@ def export_onnx(src: Path, out: Path, quant: str, *, progress: bool = True, pari
     return {"format": "onnx", "quant": quant, "path": str(out), "model_file": MODEL_FILE,
             "weight_bytes": sum(f.stat().st_size for f in weight_files(out / MODEL_FILE)),
             "parity": report, "parity_report": str(report_path) if parity else None}
-
-
-def check_disk(src: Path, config: dict, folder: Path) -> None:
-    """Refuse up front when `folder` has clearly too little room for the export of `src`."""
-    need = estimate_disk(src, config)
-    free = shutil.disk_usage(folder).free
-    if free < need:
-        raise EdgespecError(f"not enough disk: need about {need / 1e9:.2f} GB at {folder}, {free / 1e9:.2f} GB free")
-
-
-def estimate_disk(src: Path, config: dict) -> int:
-    """Bytes an export of `src` may take: its weights in float32, times DISK_FACTOR."""
-    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in src.glob(pattern))
-    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return int(weights / DTYPE_BYTES.get(dtype, 4) * 4 * DISK_FACTOR)
 
 
 def build(src: Path, tmp: Path, quant: str, say) -> Path:
