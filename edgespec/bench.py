@@ -111,3 +111,50 @@ def format_report(report: dict) -> str:
                      f"{c['speculative_tokens_per_second']:>12.1f}{c['speedup']:>8.3f}{c['acceptance_rate']:>8.2f}"
                      f"{c['mean_accepted_length']:>10.2f}{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
     return "\n".join(lines)
+
+
+# --- memory: the planner's total against the peak resident memory of a process that runs the plan -----
+
+_PEAK_CHILD = r"""
+import json, resource, sys
+import edgespec.api as api
+args = json.loads(sys.argv[1])
+engine = api.load(args["target"], args["draft"], n_ctx=args["ctx"], device=args["device"], budget=args["budget"])
+# fill the context: the KV cache, the compute buffer and the logits rows all reach their planned size
+text = " ".join(p["prompt"] for p in args["prompts"])
+tokens = engine.target.tokenize(text, special=False)
+while len(tokens) < engine.target.n_ctx:
+    tokens += tokens
+prompt = engine.target.vocab.pieces
+n = engine.target.n_ctx - args["max_tokens"] - 1
+text = b"".join(prompt[t] for t in tokens[:n]).decode("utf-8", "replace")
+result = engine.generate(text, max_tokens=args["max_tokens"], chat=False, temperature=0.0)
+scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+                  "plan": api.planner_dict(engine.plan), "prompt_tokens": result.stats.prompt_tokens,
+                  "generated": result.stats.generated, "drafted": result.stats.drafted}))
+"""
+
+
+def measure_peak(target: str | None, draft: str, *, ctx: int | None = None, device: str | None = "auto",
+                 budget: str | None = None, max_tokens: int = 64) -> dict:
+    """Load a pair under a plan in a fresh process, fill its context, generate; return the plan (as JSON)
+    and the process's peak resident memory. A fresh process, so nothing else counts in its peak."""
+    import subprocess
+
+    args = {"target": target, "draft": draft, "ctx": ctx, "device": device, "budget": budget,
+            "max_tokens": max_tokens, "prompts": read_prompts(None)}
+    proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, json.dumps(args)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EdgespecError(f"the measuring process failed: {proc.stderr.strip().splitlines()[-1]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["ratio"] = round(out["peak"] / out["plan"]["total"], 3)
+    return out
+
+
+def format_memory(rows: list[tuple[str, dict]]) -> str:
+    """Planned against measured peak memory, one line per configuration."""
+    lines = [f"{'configuration':44}{'planned MiB':>12}{'measured MiB':>13}{'measured/planned':>18}"]
+    for name, r in rows:
+        lines.append(f"{name:44}{r['plan']['total'] / 2**20:>12.1f}{r['peak'] / 2**20:>13.1f}{r['ratio']:>18.3f}")
+    return "\n".join(lines)

@@ -29,8 +29,29 @@ def main():
     """Exact speculative decoding for on-device LLMs (GGUF through llama.cpp)."""
 
 
+def plan_options(f):
+    """--device, --budget, --ctx, --kv-type, --profiles, --threads: what the memory planner decides from."""
+    for option in reversed([
+        click.option("--device", envvar="EDGESPEC_DEVICE", default=None,
+                     help="Device profile to plan memory for: auto (this machine), orin-nano-8gb, m2-8gb, ... "
+                          "(edgespec profiles lists them) [env EDGESPEC_DEVICE]"),
+        click.option("--budget", envvar="EDGESPEC_BUDGET", default=None,
+                     help="Memory the models may use, e.g. 6GiB or 800MB [env EDGESPEC_BUDGET]"),
+        click.option("--ctx", "n_ctx", type=click.IntRange(16), default=None,
+                     help="Context length in tokens [default: 2048; with --device/--budget, the most up to 2048 "
+                          "that fits]"),
+        click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None,
+                     help="KV cache type for GGUF models [default: f16; with --device/--budget, what fits]"),
+        click.option("--profiles", type=click.Path(dir_okay=False), default=None, envvar="EDGESPEC_PROFILES",
+                     help="A TOML file of your own device profiles [env EDGESPEC_PROFILES]"),
+        click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]"),
+    ]):
+        f = option(f)
+    return f
+
+
 def model_options(f):
-    """--target, --draft, --ctx, --threads: shared by every command that loads models."""
+    """--pair, --target, --draft, --provider and the plan options: shared by every command that loads models."""
 
     @click.option("--pair", "pair", type=click.Path(dir_okay=False),
                   help="A pair manifest (pair.json from export-pair): its target and draft")
@@ -40,18 +61,17 @@ def model_options(f):
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
                   help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, 'ngram' (prompt lookup) "
                        "or 'none'")
-    @click.option("--device", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default="cpu",
-                  show_default=True, help="Execution provider for ONNX models")
-    @click.option("--ctx", "n_ctx", type=click.IntRange(16), default=2048, show_default=True,
-                  help="Context length in tokens")
-    @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]")
+    @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
+                  help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
+    @plan_options
     @functools.wraps(f)
-    def wrapper(*args, pair, target, draft, device, n_ctx, threads, **kwargs):
+    def wrapper(*args, pair, target, draft, provider, device, budget, n_ctx, kv_type, profiles, threads, **kwargs):
         if pair:
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads, device=device),
+        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads, provider=provider,
+                                                 device=device, budget=budget, kv_type=kv_type, profiles=profiles),
                  **kwargs)
 
     return wrapper
@@ -79,12 +99,17 @@ def _status(message: str) -> None:
 
 
 def describe(engine: Engine) -> str:
-    """Which models run where, e.g. 'target model.gguf (llama.cpp), draft ngram'."""
+    """Which models run where, e.g. 'target model.gguf (llama.cpp), draft ngram'; the plan, if one was made."""
     def where(backend):
-        return f"{backend.name} ({getattr(backend, 'provider', 'llama.cpp')})"
+        return f"{backend.name} ({getattr(backend, 'provider', 'llama.cpp')}, ctx {backend.n_ctx})"
 
     draft = where(engine.draft_backend) if engine.draft_backend else (engine.drafter.name if engine.drafter else "none")
-    return f"target {where(engine.target)}, draft {draft}"
+    line = f"target {where(engine.target)}, draft {draft}"
+    if engine.plan is not None:
+        plan = engine.plan
+        line += (f"; plan for {plan.profile.name}: {plan.used / 2**20:.0f} of {plan.capacity / 2**20:.0f} MiB, "
+                 f"KV {plan.target.kv_type}" + "".join(f"; {c}" for c in plan.changes))
+    return line
 
 
 @main.command()
@@ -199,6 +224,60 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, as_json
     report = run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature, draft_max=draft_max,
                        progress=not as_json and sys.stderr.isatty())
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+@main.command()
+@click.option("--pair", "pair", type=click.Path(dir_okay=False),
+              help="A pair manifest (pair.json): its target and draft")
+@click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
+              help="Target: a GGUF file or an ONNX export folder [default: the default model]")
+@click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
+              help="Draft: a model file/folder, 'ngram' or 'none'")
+@plan_options
+@click.option("--acceptance", type=click.FloatRange(0, 1, max_open=True), default=0.7, show_default=True,
+              help="Per-token acceptance rate assumed for the speed prediction")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON")
+def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads, acceptance, as_json):
+    """Plan memory for a target and a draft on a device, from the files' headers (nothing loads).
+
+    Prints each model's weights, KV cache, buffers and runtime against the device's memory, the settings
+    that fit (context, KV cache type, prompt batch, GPU layers), or what is missing and which changes would
+    fit; and a roofline prediction of decode speed. Exits 1 when the models do not fit.
+    """
+    from edgespec.api import plan_for
+    from edgespec.runtime.planner import format_plan, predict, to_dict
+
+    if pair:
+        from edgespec.export.pair import read_manifest
+
+        target, draft = read_manifest(pair)
+    result = plan_for(target, draft, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, profiles=profiles)
+    prediction = predict(result, acceptance)
+    click.echo(json.dumps(to_dict(result, prediction), indent=2) if as_json else format_plan(result, prediction))
+    if not result.fits:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--profiles", type=click.Path(dir_okay=False), default=None, envvar="EDGESPEC_PROFILES",
+              help="A TOML file of your own device profiles [env EDGESPEC_PROFILES]")
+@click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON")
+def profiles(profiles, as_json):
+    """List the device profiles the planner knows (auto, this machine, is measured when used)."""
+    from dataclasses import asdict
+
+    from edgespec.runtime.profiles import load_profiles
+
+    table = load_profiles(profiles)
+    if as_json:
+        click.echo(json.dumps({name: asdict(p) for name, p in table.items()}, indent=2))
+        return
+    click.echo(f"{'name':22}{'memory':>9}{'usable':>9}{'GB/s':>7}  kind      llama.cpp / onnxruntime")
+    for name, p in sorted(table.items()):
+        kind = "unified" if p.unified else "VRAM"
+        click.echo(f"{name:22}{p.memory_bytes / 2**30:>7.1f}Gi{p.capacity / 2**30:>7.1f}Gi{p.bandwidth / 1e9:>7.0f}  "
+                   f"{kind:9} {','.join(p.llama_cpp)} / {','.join(p.onnxruntime)}")
+    click.echo("auto: this machine (memory from the OS, GPUs from llama.cpp, bandwidth measured)")
 
 
 @main.command("export")

@@ -226,23 +226,23 @@ def test_unusable_folders_are_clear_errors(tmp_path):
         OnnxBackend(tmp_path / "model.onnx")  # the model file itself names its folder
 
 
-def test_devices(tiny_onnx, monkeypatch):
+def test_providers(tiny_onnx, monkeypatch):
     import onnxruntime
 
-    with pytest.raises(EdgespecError, match="unknown device 'gpu': choose one of cpu, cuda, tensorrt, coreml, auto"):
-        OnnxBackend(tiny_onnx, device="gpu")
+    with pytest.raises(EdgespecError, match="unknown provider 'gpu': choose one of cpu, cuda, tensorrt, coreml, auto"):
+        OnnxBackend(tiny_onnx, provider="gpu")
     # a GPU build lists CUDA whether or not a GPU and its libraries are there: auto then falls back to the CPU
-    assert OnnxBackend(tiny_onnx, device="auto").provider in onnxruntime.get_available_providers()
+    assert OnnxBackend(tiny_onnx, provider="auto").provider in onnxruntime.get_available_providers()
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         try:
-            assert OnnxBackend(tiny_onnx, device="cuda").provider == "CUDAExecutionProvider"
+            assert OnnxBackend(tiny_onnx, provider="cuda").provider == "CUDAExecutionProvider"
         except EdgespecError as e:
             assert "could not start CUDAExecutionProvider" in str(e)
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    with pytest.raises(EdgespecError, match="device 'cuda' needs onnxruntime's CUDAExecutionProvider, but this "
+    with pytest.raises(EdgespecError, match="provider 'cuda' needs onnxruntime's CUDAExecutionProvider, but this "
                                             "onnxruntime has only CPUExecutionProvider: install onnxruntime-gpu"):
-        OnnxBackend(tiny_onnx, device="cuda")
-    assert OnnxBackend(tiny_onnx, device="auto").provider == "CPUExecutionProvider"
+        OnnxBackend(tiny_onnx, provider="cuda")
+    assert OnnxBackend(tiny_onnx, provider="auto").provider == "CPUExecutionProvider"
 
 
 def test_runtime_libraries_are_imported_only_when_used():

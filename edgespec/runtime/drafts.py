@@ -14,6 +14,8 @@ import numpy as np
 from edgespec.runtime.backend import Backend, check_compatible, sync
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
+MAX_DRAFT = 16  # room a draft model keeps for a proposal (the backends' MAX_OUTPUTS)
+
 
 class Drafter(Protocol):
     name: str
@@ -27,23 +29,42 @@ class Drafter(Protocol):
 def catch_up(drafter: Drafter, context: list[int]) -> None:
     """Let a drafter with its own cache process `context[:-1]` before it proposes, so that the cost of
     proposing is k steps and not the tokens it missed while the loop did not draft."""
-    if isinstance(drafter, ModelDrafter) and len(context) <= drafter.backend.n_ctx:
-        sync(drafter.backend, context[:-1], 0)
+    if isinstance(drafter, ModelDrafter):
+        sync(drafter.backend, drafter.visible(context)[:-1], 0)
 
 
 class ModelDrafter:
-    """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache."""
+    """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache.
+
+    Its context may be shorter than the target's: it then reads a window of recent tokens. The window
+    starts at a fixed token and jumps forward by half the draft's context when the text outgrows it, so
+    the draft's cache is rebuilt once per n_ctx / 2 tokens, not every step. Which tokens a draft reads
+    changes its guesses, never the output (the rule verifies whatever it proposes).
+    """
 
     def __init__(self, backend: Backend, target_vocab=None):
         if target_vocab is not None:
             check_compatible(target_vocab, backend.vocab)
         self.backend = backend
         self.name = f"model:{backend.name}"
+        self._start = 0  # index in the context of the first token the draft reads
+        self._room = min(MAX_DRAFT, backend.n_ctx // 2)  # context kept free for what it drafts
+
+    def visible(self, context: list[int]) -> list[int]:
+        """The tail of `context` the draft reads, leaving room for a draft after it."""
+        n_ctx, room = self.backend.n_ctx, self._room
+        if len(context) + room <= n_ctx:
+            self._start = 0
+        elif not self._start < len(context) <= self._start + n_ctx - room:
+            self._start = len(context) - (n_ctx - room) // 2
+        return context[self._start:]
 
     def propose(self, context, k, params, rng):
-        if k == 0 or len(context) + k > self.backend.n_ctx:
+        seen = self.visible(context)
+        k = min(k, self.backend.n_ctx - len(seen))
+        if k <= 0:
             return [], np.empty((0, self.backend.vocab.n_vocab))
-        logits = sync(self.backend, context, 1)[0]  # [V]
+        logits = sync(self.backend, seen, 1)[0]  # [V]
         tokens, rows = [], []
         eog = self.backend.vocab.eog_ids
         while True:

@@ -59,8 +59,10 @@ class LlamaBackend:
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 n_gpu_layers: int = 0):
+                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512):
         path = check_gguf_file(path)
+        if kv_type not in KV_TYPES:
+            raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
         lib = _lib()
         self.name = path.name
         self.path = path
@@ -74,7 +76,9 @@ class LlamaBackend:
         cparams = lib.llama_context_default_params()
         n_ctx_train = lib.llama_model_n_ctx_train(self._model)
         cparams.n_ctx = n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
-        cparams.n_batch = cparams.n_ubatch = min(512, n_ctx)
+        cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
+        # a quantized V cache needs flash attention; llama.cpp's "auto" turns it on where the device has it
+        cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
         cparams.n_seq_max = 1
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads
@@ -88,6 +92,7 @@ class LlamaBackend:
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
         self.n_threads = n_threads
+        self.kv_type, self.n_gpu_layers = kv_type, n_gpu_layers
         self.vocab = self._read_vocab()
         self.tokens: list[int] = []
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
@@ -163,13 +168,21 @@ class LlamaBackend:
 
     def memory(self) -> dict[str, int]:
         lib, m = _llama, self._model
-        head_dim = lib.llama_model_n_embd(m) // max(lib.llama_model_n_head(m), 1)
-        kv_per_token = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * head_dim * 2  # f16
+        block, size = KV_BLOCKS[self.kv_type]
+        kv_values = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * self._head_dim() * self.n_ctx
         return {
             "weights": int(lib.llama_model_size(m)),
-            "kv_cache": kv_per_token * self.n_ctx,
+            "kv_cache": kv_values // block * size,
             "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4,
         }
+
+    def _head_dim(self) -> int:
+        arch = ctypes.create_string_buffer(64)
+        _llama.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64)
+        key_length = ctypes.create_string_buffer(32)
+        if _llama.llama_model_meta_val_str(self._model, arch.value + b".attention.key_length", key_length, 32) > 0:
+            return int(key_length.value)
+        return _llama.llama_model_n_embd(self._model) // max(_llama.llama_model_n_head(self._model), 1)
 
     def close(self) -> None:
         """Free the context and the model; the backend is unusable afterwards."""
@@ -184,6 +197,48 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
+KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
+
+
+DEVICE_PREFIXES = (("cuda", "cuda"), ("mtl", "metal"), ("metal", "metal"), ("vulkan", "vulkan"))  # CUDA0, MTL0, ...
+
+
+def devices() -> list[dict]:
+    """The devices llama.cpp's ggml sees: name, type (cpu, gpu, igpu, accel), backend, free and total bytes.
+
+    llama-cpp-python does not bind ggml's device API, so it is called through ctypes on the ggml library
+    llama_cpp loaded; an empty list where that library is not found.
+    """
+    lib = _lib()
+    folder = Path(lib.__file__).parent / "lib"
+    found = sorted(folder.glob("libggml.*")) + sorted(folder.glob("ggml.dll"))
+    if not found:
+        return []
+    ggml = ctypes.CDLL(str(found[0]))
+    p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    for name, restype, argtypes in (("ggml_backend_dev_count", ctypes.c_size_t, []),
+                                    ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+                                    ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+                                    ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+                                    ("ggml_backend_dev_type", ctypes.c_int, [p]),
+                                    ("ggml_backend_dev_memory", None, [p, size_p, size_p])):
+        fn = getattr(ggml, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = ggml.ggml_backend_dev_name(dev).decode()
+        kind = ("cpu", "gpu", "igpu", "accel")[min(ggml.ggml_backend_dev_type(dev), 3)]
+        backend = next((b for prefix, b in DEVICE_PREFIXES if name.lower().startswith(prefix)),
+                       "cpu" if kind == "cpu" else name.lower())
+        out.append({"name": name, "description": ggml.ggml_backend_dev_description(dev).decode(), "type": kind,
+                    "backend": backend, "free": free.value, "total": total.value})
+    return out
 
 
 QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",

@@ -75,17 +75,27 @@ def check_onnx_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def pick_provider(available: Sequence[str], device: str) -> str:
-    """The execution provider for `device` (cpu, cuda, tensorrt, coreml or auto) among those available."""
-    if device == "auto":
+def pick_provider(available: Sequence[str], provider: str) -> str:
+    """The execution provider for `provider` (cpu, cuda, tensorrt, coreml or auto) among those available."""
+    if provider == "auto":
         return next(PROVIDERS[d] for d in AUTO_ORDER if PROVIDERS[d] in available)
-    if device not in PROVIDERS:
-        raise EdgespecError(f"unknown device '{device}': choose one of {', '.join([*PROVIDERS, 'auto'])}")
-    if PROVIDERS[device] not in available:
-        hint = "install onnxruntime-gpu" if device in ("cuda", "tensorrt") else "use --device cpu"
-        raise EdgespecError(f"device '{device}' needs onnxruntime's {PROVIDERS[device]}, but this onnxruntime "
+    if provider not in PROVIDERS:
+        raise EdgespecError(f"unknown provider '{provider}': choose one of {', '.join([*PROVIDERS, 'auto'])}")
+    if PROVIDERS[provider] not in available:
+        hint = "install onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "use --provider cpu"
+        raise EdgespecError(f"provider '{provider}' needs onnxruntime's {PROVIDERS[provider]}, but this onnxruntime "
                             f"has only {', '.join(available)}: {hint}")
-    return PROVIDERS[device]
+    return PROVIDERS[provider]
+
+
+def available_providers() -> tuple[str, ...]:
+    """Short names of the providers this onnxruntime offers (none without onnxruntime)."""
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        return ()
+    names = {v: k for k, v in PROVIDERS.items()}
+    return tuple(names[p] for p in ort.get_available_providers() if p in names)
 
 
 def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool):
@@ -209,13 +219,13 @@ class OnnxBackend:
     """An exported ONNX decoder and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 device: str = "cpu"):
+                 provider: str = "cpu"):
         folder = check_onnx_folder(folder)
         ort = _require("onnxruntime")
         self.name, self.path = folder.name, folder
-        provider = pick_provider(ort.get_available_providers(), device)
+        wanted = pick_provider(ort.get_available_providers(), provider)
         self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
-        self._session = open_session(ort, folder / MODEL_FILE, provider, self.n_threads, strict=device != "auto")
+        self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto")
         self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)
