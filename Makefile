@@ -12,7 +12,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench bench-pair pair lint clean
+.PHONY: install chat test bench bench-pair bench-memory pair lint clean
 
 install: $(STAMP)
 
@@ -51,8 +51,11 @@ bench-pair: pair
 	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0
 	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0.7
 
+bench-memory: pair
+	$(PY) benchmarks/memory.py --pair $(PAIR)
+
 lint: install
-	$(VENV)/bin/ruff check edgespec tests
+	$(VENV)/bin/ruff check edgespec tests benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info

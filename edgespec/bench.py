@@ -136,13 +136,13 @@ print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * s
 """
 
 
-def measure_peak(target: str | None, draft: str, *, ctx: int | None = None, device: str | None = "auto",
+def measure_peak(target: str | Path | None, draft: str | Path, *, ctx: int | None = None, device: str | None = "auto",
                  budget: str | None = None, max_tokens: int = 64) -> dict:
     """Load a pair under a plan in a fresh process, fill its context, generate; return the plan (as JSON)
     and the process's peak resident memory. A fresh process, so nothing else counts in its peak."""
     import subprocess
 
-    args = {"target": target, "draft": draft, "ctx": ctx, "device": device, "budget": budget,
+    args = {"target": target and str(target), "draft": str(draft), "ctx": ctx, "device": device, "budget": budget,
             "max_tokens": max_tokens, "prompts": read_prompts(None)}
     proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, json.dumps(args)], capture_output=True, text=True)
     if proc.returncode != 0:

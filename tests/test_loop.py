@@ -169,3 +169,24 @@ def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, brok
         draws.append(tuple(tokens_of(events)))
     p = goodness_of_fit(draws, markov_law(t_table, params, 1, 3))
     assert (p < ALPHA) == broken, p
+
+
+def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():
+    rng = np.random.default_rng(5)
+    table = random_table(rng, V, sharpness=4.0)
+    target_only, _ = run(FakeBackend(table, n_ctx=400), None, [1, 2, 3], max_tokens=300)
+    # same chain as the target, but a 40-token context: it must slide its window over the text (the
+    # fake asserts it never overflows) and, since the chain depends on the last token only, still agree
+    events, _ = run(FakeBackend(table, n_ctx=400), ModelDrafter(FakeBackend(table, n_ctx=40)), [1, 2, 3],
+                    max_tokens=300, draft_max=4)
+    assert tokens_of(events) == tokens_of(target_only)
+    # sampled text does not repeat, so each jump of the window re-reads it: (40 - 16) / 2 = 12 tokens,
+    # about once per 12 generated
+    table = random_table(rng, 64, sharpness=1.0)
+    table[:, EOS] = -30.0  # no early end
+    draft = FakeBackend(table, n_ctx=40)
+    _, stats = run(FakeBackend(table, n_ctx=400), ModelDrafter(draft), [1, 2, 3], max_tokens=300, draft_max=4,
+                   params=SamplingParams(temperature=1.0))
+    assert stats.acceptance_rate == 1.0
+    rebuilds = [n for n, _ in draft.calls if n > 4]
+    assert 15 <= len(rebuilds) <= 30 and max(rebuilds) == 11

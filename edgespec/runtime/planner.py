@@ -206,8 +206,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
     capacity = profile.capacity if budget is None else min(profile.capacity, budget)
     note = f"{profile.name}: {profile.memory_bytes / GiB:.1f} GiB, {profile.reserve_bytes / GiB:.1f} GiB reserved"
-    if budget is not None:
-        note = f"budget {budget / GiB:.2f} GiB" + (f" (within {note})" if budget < profile.capacity else "")
+    if budget is not None and budget < profile.capacity:
+        note = f"budget {_mib(budget)}"
     wanted_ctx = n_ctx or DEFAULT_CTX
     contexts = [wanted_ctx] if n_ctx else [c for c in _halvings(wanted_ctx)]
     kvs = [kv_type] if kv_type else list(KV_CHOICES)
@@ -409,7 +409,7 @@ def format_plan(plan: Plan, prediction: dict | None = None) -> str:
         lines.append(f"fits, {_mib(plan.capacity - plan.used)} to spare"
                      + (": " + "; ".join(plan.changes) if plan.changes else ""))
     else:
-        lines.append("does not fit: " + refusal(plan))
+        lines.append(refusal(plan))
     if prediction:
         lines += ["", f"{prediction['kind']}: target alone {prediction['target_tokens_per_second']} tok/s"]
         if "speculative" in prediction:
