@@ -137,17 +137,23 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
                 value = c.value(c.unpack("<I"), keep=False)
                 if value is not None:
                     meta[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-            tensors = []
+            tensors, data_end = [], 0
             for _ in range(n_tensors):
                 name = c.string().decode("utf-8")
                 dims = [c.unpack("<Q") for _ in range(c.unpack("<I"))]
                 gtype = GGMLQuantizationType(c.unpack("<I"))
-                c.unpack("<Q")  # offset of the data: not needed
+                offset = c.unpack("<Q")  # from the start of the data section
                 block, type_size = GGML_QUANT_SIZES[gtype]
                 n = math.prod(dims)
                 tensors.append(Tensor(name, gtype.name, n, n // block * type_size))
+                data_end = max(data_end, offset + tensors[-1].n_bytes)
+            alignment = meta.get("general.alignment", 32)
+            data_start = -(-c.pos // alignment) * alignment
         except (struct.error, ValueError, UnicodeDecodeError) as e:
             raise EdgespecError(f"{path} has a corrupt or truncated GGUF header ({e})") from None
+        if data_start + data_end > len(mm):  # a cut download: the header is whole, the weights are not
+            raise EdgespecError(f"{path} is truncated: its tensors need {data_start + data_end} bytes, the file has "
+                                f"{len(mm)}")
     return meta, tensors
 
 
@@ -250,6 +256,8 @@ def _input_elem_type(buf, start: int, end: int) -> tuple[str, int | None]:
 def read_onnx_graph(path: Path) -> tuple[list[Tensor], dict[str, int]]:
     """Initializers of model.onnx (shapes and types; the bytes are skipped) and its inputs' element types."""
     tensors, inputs = [], {}
+    if path.stat().st_size == 0:
+        raise EdgespecError(f"{path} is empty: not an ONNX model")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         try:
             for number, _, value in _fields(mm, 0, len(mm)):

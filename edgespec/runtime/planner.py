@@ -139,7 +139,8 @@ def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
 def compute_bytes(info: ModelInfo, n_ctx: int, n_ubatch: int) -> int:
     """llama.cpp's compute buffer: activations of a ubatch plus its f16 attention mask, or, for small
     ubatches, the graph of one decode step with MAX_OUTPUTS logits rows. Fitted to the sizes llama.cpp
-    logs ("compute buffer size") for three models of different shapes, within 0.3 MiB."""
+    logs ("compute buffer size") for three models of different shapes, within 0.3 MiB with an f16 KV cache;
+    a quantized one (flash attention) needs up to 1.1 MiB less, which this does not subtract."""
     per_token = max(4 * info.n_embd + 3 * info.n_ff, 5 * info.n_embd) * 4
     return max(n_ubatch * per_token + n_ctx * n_ubatch * 2, int(1.1 * MAX_OUTPUTS * info.n_vocab * 4))
 
@@ -175,6 +176,7 @@ def model_need(role: str, info: ModelInfo, n_ctx: int, kv_type: str, n_ubatch: i
     # mmap'd Q4_0 pages are read to repack them and stay resident beside the repacked copy
     repacked = int(repackable * cpu_share)
     kv = kv_bytes(info, n_ctx, kv_type, runtime)
+    n_ubatch = min(n_ubatch, n_ctx)  # as llama.cpp caps it
     compute = compute_bytes(info, n_ctx, n_ubatch)
     outputs = MAX_OUTPUTS * info.n_vocab * 4
     gpu_bytes = 0
@@ -182,7 +184,7 @@ def model_need(role: str, info: ModelInfo, n_ctx: int, kv_type: str, n_ubatch: i
         gpu_bytes = info.layer_bytes() * layers_on_gpu + kv * layers_on_gpu // info.n_layer + compute
         if n_gpu_layers > info.n_layer:  # the output layer too
             gpu_bytes += info.weight_bytes - info.layer_bytes() * info.n_layer
-    return ModelNeed(role, info, runtime, n_ctx, kv_type, min(n_ubatch, n_ctx), n_gpu_layers if gpu else 0,
+    return ModelNeed(role, info, runtime, n_ctx, kv_type, n_ubatch, n_gpu_layers if gpu else 0,
                      info.weight_bytes, repacked, kv, compute, outputs, VOCAB_BYTES_PER_TOKEN * info.n_vocab,
                      gpu_bytes)
 
@@ -228,7 +230,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
         return replace(best, changes=_changes(first, best))
     smallest = _place(target, draft, profile, capacity, note, contexts[-1], kvs[-1], UBATCHES[-1], windows[-1],
                       drafter, k_max)
-    return replace(smallest, suggestions=tuple(_suggest(target, draft, profile, capacity, kvs, drafter, k_max)))
+    suggestions = _suggest(target, draft, profile, capacity, contexts[-1], kvs[-1], drafter, k_max)
+    return replace(smallest, suggestions=tuple(suggestions))
 
 
 def _halvings(ctx: int) -> list[int]:
@@ -289,25 +292,26 @@ def _changes(first: Plan, plan: Plan) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _suggest(target, draft, profile, capacity, kvs, drafter, k_max) -> list[str]:
-    """Changes that would fit, cheapest first: a smaller context, a smaller quantization, no draft model."""
+def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max) -> list[str]:
+    """Changes that would fit, cheapest first: a smaller context, a smaller quantization, no draft model.
+    The last two are tried at `ctx`, the smallest context the user's options allow."""
     out = []
-    small = kvs[-1]
-    for ctx in range(DEFAULT_CTX - CTX_STEP, 0, -CTX_STEP):
-        if _place(target, draft, profile, capacity, "", ctx, small, UBATCHES[-1], DRAFT_WINDOWS[-1], drafter,
-                  k_max).fits:
-            out.append(f"a context of {ctx} tokens (--ctx {ctx})")
-            break
+
+    def fits(t, d, ctx, window, kind):
+        return _place(t, d, profile, capacity, "", ctx, kv, UBATCHES[-1], window, kind, k_max).fits
+
+    window = DRAFT_WINDOWS[-1] if draft is not None else None
+    smaller_ctx = next((c for c in range(ctx - CTX_STEP, 0, -CTX_STEP) if fits(target, draft, c, window, drafter)),
+                       None)
+    if smaller_ctx:
+        out.append(f"a context of {smaller_ctx} tokens (--ctx {smaller_ctx})")
     for quant in ("q4_k_m", "q4_0"):
         smaller = requantized(target, quant)
-        if smaller.weight_bytes < target.weight_bytes and _place(
-                smaller, draft, profile, capacity, "", MIN_CTX, small, UBATCHES[-1], DRAFT_WINDOWS[-1], drafter,
-                k_max).fits:
+        if smaller.weight_bytes < target.weight_bytes and fits(smaller, draft, ctx, window, drafter):
             out.append(f"the target as {quant} (about {smaller.weight_bytes / MiB:.0f} MiB of weights: "
                        f"edgespec export {target.name} --to gguf --quant {quant} --out ...)")
             break
-    if draft is not None and _place(target, None, profile, capacity, "", MIN_CTX, small, UBATCHES[-1], None,
-                                     "ngram", k_max).fits:
+    if draft is not None and fits(target, None, ctx, None, "ngram"):
         out.append("no draft model (--draft ngram: prompt lookup needs no memory)")
     if not out:
         out.append("a device with more memory, or a smaller target model")
