@@ -280,6 +280,58 @@ def profiles(profiles, as_json):
     click.echo("auto: this machine (memory from the OS, GPUs from llama.cpp, bandwidth measured)")
 
 
+@main.command()
+@click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
+              help="The target that answers the prompts (GGUF or ONNX) [default: the default model]")
+@click.option("--source", default=None,
+              help="The target's Hugging Face checkpoint (folder or hub id): its tokenizer and weights start the "
+                   "draft [default: rebuilt offline for the default model]")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The draft GGUF to write")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
+              help="Your prompts (JSONL, {'cat': ..., 'prompt': ...}), added to the built-in training prompts")
+@click.option("--only-prompts", is_flag=True, help="Use only --prompts, not the built-in training prompts")
+@click.option("--corpus", type=click.Path(file_okay=False), default=None,
+              help="Where the target's answers are kept (resumable) [default: beside --out]")
+@click.option("--layers", type=click.IntRange(1), default=4, show_default=True, help="Draft layers")
+@click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
+              help="Longest answer generated per prompt")
+@click.option("--quant", default="q8_0", show_default=True, help="GGUF type of the draft (see edgespec export)")
+@click.option("--onnx", "onnx_out", type=click.Path(file_okay=False), default=None,
+              help="Also export the draft to ONNX (fp32) in this folder")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
+def distill(target, source, out, prompts_file, only_prompts, corpus, layers, epochs, max_tokens, quant, onnx_out,
+            seed, as_json):
+    """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
+
+    The target answers the training prompts through edgespec (exactly its own distribution), a
+    teacher-forced pass records its top-32 logits per position, and a draft of --layers layers, started
+    from the target's embeddings and evenly spaced layers, is trained against them on this machine
+    (CPU, or CUDA/MPS when torch has them). The summary is also written beside --out (.distill.json).
+    """
+    from edgespec.bench import read_prompts
+    from edgespec.models.distill import distill as run
+    from edgespec.models.distill import read_train_prompts
+
+    prompts = [] if only_prompts else read_train_prompts()
+    if prompts_file:
+        prompts += read_prompts(prompts_file)
+    elif only_prompts:
+        raise click.UsageError("--only-prompts needs --prompts FILE")
+    summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
+                  max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, seed=seed, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    last = summary["training"]["epochs"][-1]
+    click.echo(f"draft: {summary['draft']} ({_export_line(summary['export'])})")
+    click.echo(f"held-out top-1 agreement with the target: {summary['training']['initial_agreement']:.3f} before, "
+               f"{last['held_out_agreement']:.3f} after training; corpus {summary['corpus_positions']} positions "
+               f"({summary['corpus_seconds']:.0f} s), training {summary['train_seconds']:.0f} s")
+    click.echo(f"use: edgespec chat --draft {summary['draft']}")
+
+
 @main.command("export")
 @click.argument("src")
 @click.option("--to", "to", type=click.Choice(["gguf", "onnx"]), required=True, help="Output format")

@@ -59,7 +59,7 @@ class LlamaBackend:
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512):
+                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False):
         path = check_gguf_file(path)
         if kv_type not in KV_TYPES:
             raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
@@ -83,6 +83,9 @@ class LlamaBackend:
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
+        # hidden: llama.cpp also returns the final (normed) hidden state of every row with logits,
+        # what draft heads read; without pooling it costs one extra [n_outputs, n_embd] buffer
+        cparams.embeddings = hidden
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -95,6 +98,9 @@ class LlamaBackend:
         self.kv_type, self.n_gpu_layers = kv_type, n_gpu_layers
         self.vocab = self._read_vocab()
         self.tokens: list[int] = []
+        self.hidden = hidden
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self.last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, if hidden
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
 
     def _read_vocab(self) -> Vocab:
@@ -122,7 +128,16 @@ class LlamaBackend:
         lib = _llama
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)
+        if self.hidden and 0 < n_logits < n:
+            # with embeddings on, llama.cpp outputs every token of a batch (an assert aborts past
+            # n_outputs_max): run the rows without logits with them off, then the rest with them on
+            self.forward(tokens[:n - n_logits], 0)
+            return self.forward(tokens[n - n_logits:], n_logits)
+        with_hidden = self.hidden and n_logits > 0
+        if self.hidden:
+            lib.llama_set_embeddings(self._ctx, with_hidden)
         out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        hidden = np.empty((n_logits, self.n_embd), dtype=np.float32) if with_hidden else None  # [n_logits, E]
         b = self._batch
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -142,6 +157,10 @@ class LlamaBackend:
             for j in range(max(first_out, 0), len(chunk)):
                 row = lib.llama_get_logits_ith(self._ctx, j)
                 out[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.vocab.n_vocab,))
+                if hidden is not None:
+                    row = lib.llama_get_embeddings_ith(self._ctx, j)
+                    hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
+        self.last_hidden = hidden
         return out
 
     def rollback(self, n_past: int) -> None:

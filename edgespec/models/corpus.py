@@ -1,0 +1,229 @@
+"""A training corpus for drafts: the target's own answers to a prompt set, with what the target thought.
+
+For each prompt the target answers through edgespec's own engine (speculative decoding with prompt
+lookup: the answer is distributed exactly as the target's). Then one teacher-forced pass over prompt +
+answer records, at every position that predicts an answer token, the target's top-K logits and the
+log-sum-exp of the whole row (so the top-K probabilities are exact, not renormalised), and, when asked,
+the target's final hidden state there (what Medusa and EAGLE heads read).
+
+On disk: a folder with corpus.json (settings, target, shard list) and shard-NNNNN.npz files, each
+written under a temporary name and renamed when complete. Building again with the same settings skips
+finished shards, so an interrupted build resumes; other settings are refused rather than mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+MANIFEST = "corpus.json"
+VERSION = 1
+TEACHER_ROWS = 16  # logits rows per teacher-forced forward: the backends' MAX_OUTPUTS
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    target: str  # the model file or folder that answered
+    target_size: int  # bytes of the target file: a different file is a different corpus
+    max_tokens: int
+    temperature: float
+    top_k: int  # logits kept per position
+    hidden: bool  # hidden states recorded
+    shard_size: int  # prompts per shard
+    seed: int
+    prompts_digest: str
+
+
+def _digest(prompts: list[dict]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _target_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.PathLike, *, max_tokens: int = 160,
+                 temperature: float = 0.0, top_k: int = 32, hidden: bool = False, shard_size: int = 16,
+                 seed: int = 0, n_ctx: int = 1024, threads: int | None = None, progress: bool = True) -> dict:
+    """Answer every prompt with the target and record its logits; return the manifest (also in out/corpus.json).
+
+    temperature 0 records greedy answers; above 0, sampled ones (prompt i is seeded with seed + i).
+    """
+    from edgespec.api import load
+
+    target, out = Path(target), Path(out)
+    if not prompts:
+        raise EdgespecError("no prompts to build a corpus from")
+    settings = CorpusSettings(str(target), _target_size(target), max_tokens, temperature, top_k, hidden,
+                              shard_size, seed, _digest(prompts))
+    manifest = _open_manifest(out, settings)
+    shards = [prompts[i:i + shard_size] for i in range(0, len(prompts), shard_size)]
+    todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
+    if todo:
+        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads)
+        if hidden:
+            _enable_hidden(engine)
+        try:
+            done = len(shards) - len(todo)
+            for i in todo:
+                _say(progress, f"shard {i + 1}/{len(shards)} ({done * shard_size} of {len(prompts)} prompts done)")
+                arrays = _answer_shard(engine, shards[i], settings, first_index=i * shard_size)
+                _write_shard(out, i, arrays)
+                done += 1
+        finally:
+            engine.close()
+    manifest["shards"] = [_shard_name(i) for i in range(len(shards))]
+    manifest["complete"] = True
+    manifest["positions"] = sum(int(np.load(out / name)["lse"].shape[0]) for name in manifest["shards"])
+    _write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def _enable_hidden(engine) -> None:
+    """Reopen the target with hidden states on (only llama.cpp exposes them today)."""
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    if not isinstance(engine.target, LlamaBackend):
+        raise EdgespecError("hidden states are read from GGUF targets (llama.cpp); this target is not one")
+    old = engine.target
+    engine.target = LlamaBackend(old.path, n_ctx=old.n_ctx, n_threads=old.n_threads, hidden=True)
+    old.close()
+
+
+def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
+    path = out / MANIFEST
+    if path.is_file():
+        manifest = json.loads(path.read_text())
+        if manifest.get("settings") != json.loads(json.dumps(asdict(settings))):
+            raise EdgespecError(f"{out} holds a corpus built with other settings or prompts: use a new folder "
+                                "(or delete it to rebuild)")
+        return manifest
+    if out.exists() and any(out.iterdir()):
+        raise EdgespecError(f"{out} exists, is not empty and is not a corpus: choose a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"version": VERSION, "settings": asdict(settings), "complete": False}
+    _write_json(path, manifest)
+    return manifest
+
+
+def _answer_shard(engine, prompts: list[dict], settings: CorpusSettings, first_index: int) -> dict:
+    tokens, offsets, prompt_lens, cats = [], [0], [], []
+    ids, logits, lses, hiddens = [], [], [], []
+    for j, row in enumerate(prompts):
+        prompt = engine.prompt_tokens(row["prompt"])
+        result = engine.generate(row["prompt"], max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                 seed=settings.seed + first_index + j)
+        seq = prompt + result.tokens
+        if result.stats.finish_reason == "stop":
+            # no stop strings were given, so the answer ended on an end-of-generation token, which the engine
+            # does not emit; the draft must learn to predict it too (EOS is the usual one; others are rare)
+            seq.append(engine.target.vocab.eos_id)
+        if len(seq) > engine.target.n_ctx:
+            raise EdgespecError(f"prompt {first_index + j} and its answer outgrow the context of {engine.target.n_ctx}")
+        top_ids, top_logits, lse, hidden = teacher_forced(engine.target, seq, len(prompt), settings.top_k)
+        tokens += seq
+        offsets.append(len(tokens))
+        prompt_lens.append(len(prompt))
+        cats.append(row.get("cat", "all"))
+        ids.append(top_ids)
+        logits.append(top_logits)
+        lses.append(lse)
+        if hidden is not None:
+            hiddens.append(hidden)
+    arrays = {"tokens": np.asarray(tokens, np.int32), "offsets": np.asarray(offsets, np.int64),
+              "prompt_lens": np.asarray(prompt_lens, np.int32), "cats": np.asarray(cats),
+              "topk_ids": np.concatenate(ids), "topk_logits": np.concatenate(logits), "lse": np.concatenate(lses)}
+    if hiddens:
+        arrays["hidden"] = np.concatenate(hiddens)
+    return arrays
+
+
+def teacher_forced(backend, seq: list[int], n_prompt: int, top_k: int):
+    """The target's view of `seq`: for each position n_prompt-1 .. len-2 (each predicts the next token),
+    top-K ids [n, K] and logits [n, K] (largest first), the row's log-sum-exp [n], and hidden states
+    [n, E] (float16) when the backend records them."""
+    backend.rollback(0)
+    if n_prompt > 1:
+        backend.forward(seq[:n_prompt - 1], 0)
+    ids, logits, lses, hiddens = [], [], [], []
+    rest = seq[n_prompt - 1:-1]
+    for start in range(0, len(rest), TEACHER_ROWS):
+        chunk = rest[start:start + TEACHER_ROWS]
+        rows = backend.forward(chunk, len(chunk)).astype(np.float64)  # [T, V]
+        top = np.argpartition(-rows, top_k - 1, axis=1)[:, :top_k]  # [T, K], unordered
+        top_rows = np.take_along_axis(rows, top, axis=1)
+        order = np.argsort(-top_rows, axis=1)
+        ids.append(np.take_along_axis(top, order, axis=1).astype(np.int32))
+        logits.append(np.take_along_axis(top_rows, order, axis=1).astype(np.float32))
+        peak = rows.max(axis=1)
+        lses.append((peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))).astype(np.float32))
+        if getattr(backend, "last_hidden", None) is not None:
+            hiddens.append(backend.last_hidden.astype(np.float16))
+    backend.rollback(0)
+    return (np.concatenate(ids), np.concatenate(logits), np.concatenate(lses),
+            np.concatenate(hiddens) if hiddens else None)
+
+
+def _shard_name(i: int) -> str:
+    return f"shard-{i:05d}.npz"
+
+
+def _write_shard(out: Path, i: int, arrays: dict) -> None:
+    tmp = out / f".{_shard_name(i)}.partial.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out / _shard_name(i))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Sequence:
+    tokens: np.ndarray  # [L] prompt + answer
+    n_prompt: int
+    cat: str
+    topk_ids: np.ndarray  # [L - n_prompt, K]: positions n_prompt-1 .. L-2
+    topk_logits: np.ndarray  # [L - n_prompt, K]
+    lse: np.ndarray  # [L - n_prompt]
+    hidden: np.ndarray | None  # [L - n_prompt, E]
+
+
+def read_corpus(folder: str | os.PathLike) -> tuple[dict, list[Sequence]]:
+    """The manifest and every sequence of a complete corpus."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise EdgespecError(f"{folder} is not a corpus (no {MANIFEST}): build one with edgespec distill/train-heads")
+    manifest = json.loads(path.read_text())
+    if not manifest.get("complete"):
+        raise EdgespecError(f"the corpus in {folder} is incomplete: run the same command again to finish it")
+    seqs = []
+    for name in manifest["shards"]:
+        z = np.load(folder / name)
+        pos = 0
+        for s in range(len(z["prompt_lens"])):
+            toks = z["tokens"][z["offsets"][s]:z["offsets"][s + 1]]
+            n_prompt = int(z["prompt_lens"][s])
+            n = len(toks) - n_prompt
+            seqs.append(Sequence(toks, n_prompt, str(z["cats"][s]), z["topk_ids"][pos:pos + n],
+                                 z["topk_logits"][pos:pos + n], z["lse"][pos:pos + n],
+                                 z["hidden"][pos:pos + n] if "hidden" in z else None))
+            pos += n
+    return manifest, seqs

@@ -1,0 +1,252 @@
+"""Distil a small Llama draft from a target: trained on the target's own answers, against its distributions.
+
+The draft is the target's architecture with fewer layers: its embeddings, final norm and output layer are
+the target's (frozen by default: the draft then shares the target's view of tokens), and its layers start
+as copies of evenly spaced target layers. Training minimises the cross-entropy to the target's
+distribution at every answer position, -sum_k p_k log q(k) over the target's top-K tokens with their exact
+probabilities (a KL to the target up to the target's entropy), not only to the tokens it chose.
+On CPU with torch (CUDA or MPS when present). The result is saved as a Hugging Face checkpoint with the
+target's tokenizer and goes out through edgespec.export, parity-checked like any export.
+
+torch is imported here (training) and in export/hf.py (parity) only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.models.corpus import Sequence
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "chat_template.jinja", "generation_config.json")
+
+
+def pick_layers(n_source: int, n_draft: int) -> list[int]:
+    """Evenly spaced source layers, the first and the last included."""
+    if n_draft == 1:
+        return [0]
+    return [round(i * (n_source - 1) / (n_draft - 1)) for i in range(n_draft)]
+
+
+def _torch():
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise EdgespecError("training needs the export extra (torch, transformers): pip install 'edgespec[export]'") \
+            from e
+    return torch, transformers
+
+
+def init_draft(source: Path, n_layers: int):
+    """A draft model: the source's config with n_layers, its weights copied where shapes allow."""
+    torch, transformers = _torch()
+    config = transformers.AutoConfig.from_pretrained(source)
+    if getattr(config, "model_type", None) != "llama":
+        raise EdgespecError(f"distill builds Llama-architecture drafts; {source} is a {config.model_type} model")
+    if not 1 <= n_layers < config.num_hidden_layers:
+        raise EdgespecError(f"the draft needs 1 to {config.num_hidden_layers - 1} layers (the target has "
+                            f"{config.num_hidden_layers}), got {n_layers}")
+    teacher = transformers.AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+    config.num_hidden_layers = n_layers
+    draft = transformers.LlamaForCausalLM(config)
+    picks = pick_layers(len(teacher.model.layers), n_layers)
+    with torch.no_grad():
+        draft.model.embed_tokens.weight.copy_(teacher.model.embed_tokens.weight)
+        draft.model.norm.weight.copy_(teacher.model.norm.weight)
+        if not config.tie_word_embeddings:
+            draft.lm_head.weight.copy_(teacher.lm_head.weight)
+        for i, j in enumerate(picks):
+            draft.model.layers[i].load_state_dict(teacher.model.layers[j].state_dict())
+    del teacher
+    return draft, picks
+
+
+def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
+    """Lists of sequences of at most max_tokens padded tokens, shuffled."""
+    order = rng.permutation(len(seqs))
+    batch, longest = [], 0
+    for i in order:
+        n = len(seqs[i].tokens)
+        if batch and max(longest, n) * (len(batch) + 1) > max_tokens:
+            yield batch
+            batch, longest = [], 0
+        batch.append(seqs[i])
+        longest = max(longest, n)
+    if batch:
+        yield batch
+
+
+def _loss(torch, draft, batch: list[Sequence], device):
+    """Mean over answer positions of -sum_k p_k log q(k); also the count of positions whose draft top-1
+    equals the target's top-1 (teacher-forced greedy agreement)."""
+    longest = max(len(s.tokens) for s in batch)
+    ids = torch.zeros((len(batch), longest), dtype=torch.long)
+    mask = torch.zeros((len(batch), longest), dtype=torch.long)
+    for b, s in enumerate(batch):
+        ids[b, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
+        mask[b, :len(s.tokens)] = 1
+    hidden = draft.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, L, E]
+    rows = torch.cat([hidden[b, s.n_prompt - 1:len(s.tokens) - 1] for b, s in enumerate(batch)])  # [N, E]
+    logq = torch.log_softmax(draft.lm_head(rows).float(), dim=-1)  # [N, V]
+    top_ids = torch.from_numpy(np.concatenate([s.topk_ids for s in batch]).astype(np.int64)).to(device)  # [N, K]
+    p = torch.from_numpy(np.exp(np.concatenate([s.topk_logits - s.lse[:, None] for s in batch]))).to(device)
+    loss = -(p * logq.gather(1, top_ids)).sum(dim=1).mean()
+    agree = int((logq.argmax(dim=1) == top_ids[:, 0]).sum())
+    return loss, agree, len(rows)
+
+
+def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int = 3, lr: float = 3e-4,
+          batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
+          progress: bool = True):
+    """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement."""
+    torch, _ = _torch()
+    torch.manual_seed(seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(seqs))
+    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
+    held, train_seqs = [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    draft, picks = init_draft(source, n_layers)
+    draft.to(device)
+    if not train_embeddings:
+        draft.model.embed_tokens.weight.requires_grad_(False)
+        draft.lm_head.weight.requires_grad_(False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    steps = epochs * sum(1 for _ in _batches(train_seqs, batch_tokens, np.random.default_rng(0)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))))
+    report = {"layers_from_target": picks, "train_sequences": len(train_seqs), "held_out_sequences": len(held),
+              "epochs": [], "device": device}
+
+    def evaluate() -> tuple[float, float]:
+        """Held-out (cross-entropy to the target, top-1 agreement with it)."""
+        draft.eval()
+        agree = total = 0
+        loss = 0.0
+        with torch.no_grad():
+            for batch in _batches(held, batch_tokens, np.random.default_rng(0)):
+                batch_loss, a, n = _loss(torch, draft, batch, device)
+                agree, total, loss = agree + a, total + n, loss + float(batch_loss) * n
+        draft.train()
+        return (loss / total, agree / total) if total else (float("nan"), float("nan"))
+
+    loss0, agree0 = evaluate()
+    report["initial_loss"], report["initial_agreement"] = round(loss0, 4), round(agree0, 4)
+    _say(progress, f"draft of {n_layers} layers (target layers {picks}); held-out top-1 agreement "
+                   f"{agree0:.3f} before training")
+    step = 0
+    for epoch in range(epochs):
+        t0, losses = time.perf_counter(), []
+        for batch in _batches(train_seqs, batch_tokens, rng):
+            loss, _, _ = _loss(torch, draft, batch, device)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            step += 1
+            if progress and step % 20 == 0:
+                _say(progress, f"  epoch {epoch + 1} step {step}/{steps} loss {np.mean(losses[-20:]):.3f}")
+        held_loss, held_agree = evaluate()
+        entry = {"epoch": epoch + 1, "loss": round(float(np.mean(losses)), 4), "held_out_loss": round(held_loss, 4),
+                 "held_out_agreement": round(held_agree, 4), "seconds": round(time.perf_counter() - t0, 1)}
+        report["epochs"].append(entry)
+        _say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out top-1 agreement "
+                       f"{entry['held_out_agreement']:.3f} ({entry['seconds']:.0f} s)")
+    return draft.to("cpu"), report
+
+
+def save_checkpoint(model, source: Path, out: Path) -> Path:
+    """The draft as a Hugging Face folder with the source's tokenizer files."""
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source: str | os.PathLike | None = None,
+            prompts: list[dict] | None = None, corpus: str | os.PathLike | None = None, n_layers: int = 4,
+            epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
+            temperature: float = 0.0, seed: int = 0, progress: bool = True, **train_kwargs) -> dict:
+    """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary."""
+    from edgespec.export import export_source
+    from edgespec.models.corpus import build_corpus, read_corpus
+    from edgespec.models.source import Source, resolve
+
+    out = Path(out)
+    if out.suffix.lower() != ".gguf":
+        raise EdgespecError(f"the draft is written as GGUF: give --out a .gguf file name, not {out}")
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    src = resolve(str(source), progress=progress) if source else _default_source(Path(target))
+    if src.kind != "hf":
+        raise EdgespecError("--source must be the target's Hugging Face checkpoint (its tokenizer and weights start "
+                            "the draft), not a GGUF")
+    prompts = prompts if prompts is not None else read_train_prompts()
+    corpus = Path(corpus) if corpus else out.with_name(out.stem + ".corpus")
+    t0 = time.perf_counter()
+    # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
+    manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                            hidden=Path(target).suffix.lower() == ".gguf", progress=progress)
+    corpus_s = time.perf_counter() - t0
+    _, seqs = read_corpus(corpus)
+    t0 = time.perf_counter()
+    model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
+                          **train_kwargs)
+    train_s = time.perf_counter() - t0
+    checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
+    exported = export_source(Source("hf", checkpoint, str(checkpoint)), "gguf", quant, out, progress=progress)
+    summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
+               "corpus_positions": manifest["positions"], "corpus_seconds": round(corpus_s, 1),
+               "train_seconds": round(train_s, 1), "training": report, "export": exported}
+    if onnx_out:
+        summary["onnx"] = export_source(Source("hf", checkpoint, str(checkpoint)), "onnx", "fp32", onnx_out,
+                                        progress=progress)
+    (out.with_name(out.name + ".distill.json")).write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _default_source(target: Path):
+    """The default model's checkpoint, rebuilt offline once into the user cache."""
+    from edgespec.models.default import default_target
+    from edgespec.models.smollm2 import build_checkpoint
+    from edgespec.models.source import Source
+
+    if target.resolve() != default_target().resolve():
+        raise EdgespecError("give --source: the target's Hugging Face checkpoint (folder or hub id), whose tokenizer "
+                            "and weights start the draft")
+    cache = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "checkpoints"
+    return Source("hf", build_checkpoint(cache / "smollm2-135m-instruct"), "SmolLM2-135M-Instruct")
+
+
+def read_train_prompts() -> list[dict]:
+    """The built-in training prompts (kept apart from the benchmark prompts)."""
+    from importlib import resources
+
+    text = resources.files("edgespec").joinpath("data/train_prompts.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,137 @@
+"""The draft-training corpus and distillation: what the target recorded, resuming, and a trained draft that
+forms an exact pair with its target."""
+
+import json
+
+import numpy as np
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.models import corpus as corpus_module
+from edgespec.models.corpus import build_corpus, read_corpus, teacher_forced
+from edgespec.runtime.llama_backend import LlamaBackend
+
+PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
+           {"cat": "math", "prompt": "What is 7 times 6?"}]
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(default_gguf, tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus") / "c"
+    build_corpus(default_gguf, PROMPTS, out, max_tokens=12, hidden=True, shard_size=2, progress=False)
+    return out
+
+
+def test_hidden_states_do_not_change_logits_and_survive_long_forwards(default_gguf):
+    # with embeddings on, llama.cpp outputs every token of a batch: a 40-token forward asking 3 rows must
+    # not hit its output cap (it aborts the process when it does)
+    plain, hidden = LlamaBackend(default_gguf, n_ctx=256), LlamaBackend(default_gguf, n_ctx=256, hidden=True)
+    tokens = plain.tokenize("The quick brown fox jumps over the lazy dog. " * 4, special=True)
+    assert len(tokens) > 16
+    np.testing.assert_array_equal(plain.forward(tokens, 3), hidden.forward(tokens, 3))
+    assert hidden.last_hidden.shape == (3, 576) and plain.last_hidden is None
+    hidden.forward([5], 0)
+    assert hidden.last_hidden is None
+
+
+def test_hidden_state_is_what_the_output_layer_reads(default_gguf):
+    """The recorded state is the final normed one: the (tied) embedding matrix maps it to the logits."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    tensor = next(t for t in GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
+    weights = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
+    backend = LlamaBackend(default_gguf, n_ctx=256, hidden=True)
+    logits = backend.forward(backend.tokenize("The capital of France is", special=True), 2)
+    # llama.cpp's matmul quantizes activations to 8 bits: about 0.25 off on logits of magnitude ~25
+    assert np.abs(backend.last_hidden @ weights.T - logits).max() < 0.6
+
+
+def test_corpus_records_the_targets_greedy_answer_and_its_exact_top_k(corpus_dir, default_gguf):
+    manifest, seqs = read_corpus(corpus_dir)
+    assert manifest["complete"] and len(seqs) == 3 and [s.cat for s in seqs] == ["chat", "code", "math"]
+    backend = LlamaBackend(default_gguf, n_ctx=512)
+    for s in seqs:
+        n_answer = len(s.tokens) - s.n_prompt
+        assert s.topk_ids.shape == (n_answer, 32) and s.hidden.shape == (n_answer, 576)
+        # greedy answers: the target's top-1 at each position is the token that follows it
+        np.testing.assert_array_equal(s.topk_ids[:, 0], s.tokens[s.n_prompt:])
+        probs = np.exp(s.topk_logits - s.lse[:, None])
+        assert np.all(np.diff(s.topk_logits, axis=1) <= 0) and np.all(probs.sum(axis=1) <= 1 + 1e-5)
+        # the log-sum-exp is the full row's: compare one position with a direct forward
+        backend.rollback(0)
+        row = backend.forward(list(s.tokens[:s.n_prompt]), 1)[0].astype(np.float64)
+        assert abs(np.log(np.exp(row - row.max()).sum()) + row.max() - s.lse[0]) < 1e-3
+
+
+def test_corpus_resumes_and_refuses_other_settings(corpus_dir, default_gguf, monkeypatch, tmp_path):
+    before = (corpus_dir / "shard-00001.npz").read_bytes()
+    (corpus_dir / "shard-00001.npz").unlink()  # as if interrupted before the last shard was renamed into place
+    calls = []
+    real = corpus_module._answer_shard
+    monkeypatch.setattr(corpus_module, "_answer_shard", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    build_corpus(default_gguf, PROMPTS, corpus_dir, max_tokens=12, hidden=True, shard_size=2, progress=False)
+    assert calls == [PROMPTS[2:]]  # only the missing shard was answered again
+    assert (corpus_dir / "shard-00001.npz").read_bytes() == before  # greedy: the same answer
+    with pytest.raises(EdgespecError, match="other settings"):
+        build_corpus(default_gguf, PROMPTS, corpus_dir, max_tokens=13, hidden=True, shard_size=2, progress=False)
+    (tmp_path / "stuff.txt").write_text("x")
+    with pytest.raises(EdgespecError, match="not a corpus"):
+        build_corpus(default_gguf, PROMPTS, tmp_path, max_tokens=12, progress=False)
+    with pytest.raises(EdgespecError, match="no corpus.json"):
+        read_corpus(tmp_path)
+
+
+def test_teacher_forced_positions_align_with_the_answer(default_gguf):
+    backend = LlamaBackend(default_gguf, n_ctx=256)
+    seq = backend.tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello there", special=True)
+    ids, logits, lse, hidden = teacher_forced(backend, seq, 8, 4)
+    assert ids.shape == (len(seq) - 8, 4) and hidden is None and backend.tokens == []
+    # row 1 is the target's view at position 8, which predicts token 9
+    row = backend.forward(seq[:9], 1)[0]
+    np.testing.assert_allclose(np.sort(row)[-4:][::-1], logits[1], rtol=1e-5)
+    assert ids[1, 0] == int(np.argmax(row))
+
+
+@pytest.fixture(scope="module")
+def soft_checkpoint(tmp_path_factory):
+    """A tiny random 3-layer Llama with SmolLM2's tokenizer, with soft enough distributions that a 1-layer
+    draft starts measurably away from it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from edgespec.models.smollm2 import save_tokenizer
+
+    folder = tmp_path_factory.mktemp("soft-llama")
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_checkpoint, tmp_path):
+    from edgespec.api import load
+    from edgespec.export import export
+    from edgespec.models.distill import distill
+
+    tiny_checkpoint = soft_checkpoint
+    target = tmp_path / "target.gguf"
+    export(str(tiny_checkpoint), "gguf", "f32", target, progress=False, parity=False)
+    prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(16)]
+    summary = distill(target, tmp_path / "draft.gguf", source=tiny_checkpoint, prompts=prompts, n_layers=1,
+                      epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25)
+    training = summary["training"]
+    assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
+    assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
+    assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")
+    engine = load(target, tmp_path / "draft.gguf", n_ctx=256)
+    base = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=0)
+    spec = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=3)
+    assert spec.tokens == base.tokens and spec.stats.drafted > 0
