@@ -129,8 +129,15 @@ prompt = engine.target.vocab.pieces
 n = engine.target.n_ctx - args["max_tokens"] - 1
 text = b"".join(prompt[t] for t in tokens[:n]).decode("utf-8", "replace")
 result = engine.generate(text, max_tokens=args["max_tokens"], chat=False, temperature=0.0)
-scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+def peak_rss():
+    # Linux: VmHWM, the high-water mark of this program's memory. ru_maxrss would also count the parent's
+    # memory at fork time (Linux carries it across exec), so a child of a large process reads as large.
+    try:
+        status = open("/proc/self/status").read()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024
+    except (OSError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+print(json.dumps({"peak": peak_rss(),
                   "plan": api.planner_dict(engine.plan), "prompt_tokens": result.stats.prompt_tokens,
                   "generated": result.stats.generated, "drafted": result.stats.drafted}))
 """
