@@ -22,6 +22,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import Backend
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
 from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.text import render_chat
@@ -134,12 +135,16 @@ class Engine:
 
 
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
-               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0) -> Backend:
+               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False) -> Backend:
     """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
 
-    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider to onnxruntime.
+    kv_type, n_ubatch, n_gpu_layers and hidden (return hidden states too, for draft heads) apply to
+    llama.cpp; provider to onnxruntime.
     """
     path = Path(path)
+    if hidden and (path.is_dir() or path.suffix.lower() == ".onnx"):
+        raise EdgespecError("draft heads read the target's hidden states, which edgespec takes from GGUF targets "
+                            "(llama.cpp); use a GGUF target")
     if path.is_dir() or path.suffix.lower() == ".onnx":
         from edgespec.runtime.onnx_backend import OnnxBackend
 
@@ -148,7 +153,7 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
         from edgespec.runtime.llama_backend import LlamaBackend
 
         return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type, n_ubatch=n_ubatch,
-                            n_gpu_layers=n_gpu_layers)
+                            n_gpu_layers=n_gpu_layers, hidden=hidden)
     raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
                         "ONNX export folders")
 
@@ -191,8 +196,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
 
     Args:
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
-        draft: "ngram" (prompt lookup), "none", or a model (GGUF file or ONNX export folder) sharing the
-            target's vocabulary; the two may be of different formats.
+        draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
+            target's vocabulary (the two may be of different formats), or Medusa heads trained for this
+            target (a *.medusa.npz file from edgespec train-heads; GGUF targets).
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
         threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
@@ -227,7 +233,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
         provider = provider or ("auto" if gpu_providers else "cpu")
     provider = provider or "cpu"
-    target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider, **settings)
+    heads = draft is not None and str(draft).endswith(HEADS_SUFFIX)
+    target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
+                                hidden=heads, **settings)
     draft_backend = drafter = None
     draft_cost = 0.0
     try:
@@ -235,6 +243,11 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             pass
         elif str(draft) == "ngram":
             drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
+        elif heads:
+            from edgespec.runtime.heads import MedusaDrafter
+
+            drafter = MedusaDrafter(draft, target_backend)
+            draft_cost = drafter.measure_cost()
         else:  # the draft reads a window of recent tokens, and needs room for what it drafts
             draft_ctx = min(target_backend.n_ctx, window) + DRAFT_MARGIN
             draft_backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **draft_settings)

@@ -56,3 +56,17 @@ def tiny_checkpoint(tmp_path_factory):
     model.save_pretrained(folder)
     save_tokenizer(folder)
     return folder
+
+
+CORPUS_PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
+                  {"cat": "math", "prompt": "What is 7 times 6?"}]
+
+
+@pytest.fixture(scope="session")
+def default_corpus(default_gguf, tmp_path_factory):
+    """The default model's greedy answers to three prompts, with top-32 logits and hidden states."""
+    from edgespec.models.corpus import build_corpus
+
+    out = tmp_path_factory.mktemp("corpus") / "default"
+    build_corpus(default_gguf, CORPUS_PROMPTS, out, max_tokens=12, hidden=True, shard_size=2, progress=False)
+    return out

@@ -5,20 +5,23 @@ import json
 
 import numpy as np
 import pytest
+from conftest import CORPUS_PROMPTS
 
 from edgespec.errors import EdgespecError
 from edgespec.models import corpus as corpus_module
 from edgespec.models.corpus import build_corpus, read_corpus, teacher_forced
 from edgespec.runtime.llama_backend import LlamaBackend
 
-PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
-           {"cat": "math", "prompt": "What is 7 times 6?"}]
+PROMPTS = CORPUS_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(default_gguf, tmp_path_factory):
+def corpus_dir(default_corpus, tmp_path_factory):
+    """A copy of the session's small corpus: these tests delete and rebuild shards of it."""
+    import shutil
+
     out = tmp_path_factory.mktemp("corpus") / "c"
-    build_corpus(default_gguf, PROMPTS, out, max_tokens=12, hidden=True, shard_size=2, progress=False)
+    shutil.copytree(default_corpus, out)
     return out
 
 

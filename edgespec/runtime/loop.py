@@ -118,6 +118,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     text = TextStream(stop)
 
     t_start = time.perf_counter()
+    if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
+        drafter.reset()
     sync(target, committed[:-1], 0)
     if drafter is not None and draft_max != 0:  # a draft model reads the prompt too: that is prefill work
         catch_up(drafter, committed)
@@ -149,6 +151,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts, dtype=np.int64), rng)
             t2 = time.perf_counter()
             target.rollback(len(committed) + n_acc)
+            if hasattr(drafter, "observe_target"):  # heads read the state that produced the committed token
+                drafter.observe_target(target, n_acc)
 
             stats.target_passes += 1
             stats.draft_s += t1 - t0

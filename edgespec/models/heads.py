@@ -1,0 +1,138 @@
+"""Train Medusa heads on a corpus of the target's answers with its hidden states (models.corpus).
+
+Head i learns, from the target's state at position t, the target's distribution at position t + i (which
+predicts token t + i + 1): the cross-entropy to the target's exact top-K probabilities there, through the
+target's own output layer, kept frozen. The residual blocks start at zero, so before training every head
+repeats the target's next-token prediction. See runtime/heads.py for how they draft.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.models.corpus import Sequence
+
+
+def head_pairs(seqs: list[Sequence], n_heads: int) -> list[tuple[int, int, int]]:
+    """(sequence, state index j, head i) for every state whose head-i target position j + i exists."""
+    return [(s, j, i) for s, seq in enumerate(seqs) for j in range(len(seq.lse)) for i in range(1, n_heads + 1)
+            if j + i < len(seq.lse)]
+
+
+def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, epochs: int = 2, lr: float = 1e-3,
+                 batch: int = 256, holdout: float = 0.1, seed: int = 0, progress: bool = True):
+    """Heads (weight [H, E, E], bias [H, E]) and a report with per-head held-out top-1 agreement."""
+    from edgespec.models.distill import _torch
+
+    torch, _ = _torch()
+    if any(s.hidden is None for s in seqs):
+        raise EdgespecError("the corpus has no hidden states: build it from a GGUF target (hidden states on)")
+    torch.manual_seed(seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(seqs))
+    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
+    held, train_seqs = [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    n_embd = seqs[0].hidden.shape[1]
+    out = torch.from_numpy(output)  # [V, E], frozen
+    weight = torch.zeros((n_heads, n_embd, n_embd), requires_grad=True)
+    bias = torch.zeros((n_heads, n_embd), requires_grad=True)
+    optimizer = torch.optim.AdamW([weight, bias], lr=lr, weight_decay=0.0)
+
+    def step(pairs, group):
+        s_idx, j_idx, i_idx = (np.array(x) for x in zip(*pairs, strict=True))
+        states = [group[s].hidden[j] for s, j in zip(s_idx, j_idx, strict=True)]
+        h = torch.from_numpy(np.stack(states).astype(np.float32))  # [N, E]
+        heads = torch.from_numpy(i_idx - 1)
+        pre = torch.zeros_like(h)  # [N, E]: W_i h + b_i, one product per head
+        for i in range(n_heads):
+            rows = heads == i
+            pre[rows] = h[rows] @ weight[i].T + bias[i]
+        logq = torch.log_softmax((h + torch.nn.functional.silu(pre)) @ out.T, dim=-1)  # [N, V]
+        ids = torch.from_numpy(np.stack([group[s].topk_ids[j + i] for s, j, i in pairs]).astype(np.int64))
+        p = torch.from_numpy(np.exp(np.stack([group[s].topk_logits[j + i] - group[s].lse[j + i]
+                                              for s, j, i in pairs])))
+        loss = -(p * logq.gather(1, ids)).sum(dim=1).mean()
+        agree = (logq.argmax(dim=1) == ids[:, 0]).numpy()
+        return loss, agree, i_idx
+
+    def evaluate():
+        hits, counts = np.zeros(n_heads), np.zeros(n_heads)
+        pairs = head_pairs(held, n_heads)
+        with torch.no_grad():
+            for start in range(0, len(pairs), batch):
+                _, agree, heads = step(pairs[start:start + batch], held)
+                np.add.at(hits, heads - 1, agree)
+                np.add.at(counts, heads - 1, 1)
+        return [round(float(h / c), 4) if c else None for h, c in zip(hits, counts, strict=True)]
+
+    report = {"heads": n_heads, "train_sequences": len(train_seqs), "held_out_sequences": len(held),
+              "initial_agreement": evaluate(), "epochs": []}
+    _say(progress, f"{n_heads} Medusa heads; held-out top-1 agreement per head before training: "
+                   f"{report['initial_agreement']}")
+    pairs = head_pairs(train_seqs, n_heads)
+    for epoch in range(epochs):
+        t0, losses = time.perf_counter(), []
+        perm = rng.permutation(len(pairs))
+        for n, start in enumerate(range(0, len(pairs), batch)):
+            loss, _, _ = step([pairs[k] for k in perm[start:start + batch]], train_seqs)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if progress and n % 50 == 0:
+                _say(progress, f"  epoch {epoch + 1} batch {n}/{len(pairs) // batch + 1} "
+                               f"loss {np.mean(losses[-50:]):.3f}")
+        entry = {"epoch": epoch + 1, "loss": round(float(np.mean(losses)), 4), "held_out_agreement": evaluate(),
+                 "seconds": round(time.perf_counter() - t0, 1)}
+        report["epochs"].append(entry)
+        _say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out agreement per head "
+                       f"{entry['held_out_agreement']} ({entry['seconds']:.0f} s)")
+    return weight.detach().numpy(), bias.detach().numpy(), report
+
+
+def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, corpus: str | os.PathLike | None = None,
+                prompts: list[dict] | None = None, n_heads: int = 4, epochs: int = 2, max_tokens: int = 160,
+                seed: int = 0, progress: bool = True, **train_kwargs) -> dict:
+    """Corpus (with hidden states) from a GGUF target, Medusa training, the heads file: `edgespec train-heads`."""
+    from edgespec.models.corpus import build_corpus, read_corpus
+    from edgespec.models.distill import read_train_prompts
+    from edgespec.runtime.heads import HEADS_SUFFIX, output_matrix, save_heads
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    target, out = Path(target), Path(out)
+    if target.suffix.lower() != ".gguf":
+        raise EdgespecError("heads are trained on a GGUF target's hidden states (llama.cpp exposes them)")
+    if not out.name.endswith(HEADS_SUFFIX):
+        raise EdgespecError(f"name the heads file *{HEADS_SUFFIX}, e.g. {out.stem}{HEADS_SUFFIX}")
+    corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(HEADS_SUFFIX) + ".corpus")
+    t0 = time.perf_counter()
+    build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus, max_tokens=max_tokens,
+                 hidden=True, seed=seed, progress=progress)
+    corpus_s = time.perf_counter() - t0
+    _, seqs = read_corpus(corpus)
+    t0 = time.perf_counter()
+    weight, bias, report = train_medusa(seqs, output_matrix(target), n_heads=n_heads, epochs=epochs, seed=seed,
+                                        progress=progress, **train_kwargs)
+    backend = LlamaBackend(target, n_ctx=16)
+    meta = {"kind": "medusa", "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd,
+            "training": report}
+    backend.close()
+    save_heads(out, weight, bias, meta)
+    return {"heads": str(out), "bytes": out.stat().st_size, "corpus": str(corpus), "corpus_seconds": round(corpus_s, 1),
+            "train_seconds": round(time.perf_counter() - t0, 1), "training": report}
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,120 @@
+"""Medusa heads: drafts read off the target's own hidden state, no second model.
+
+Head i (1-based) is a residual block over the target's final hidden state h at the position that
+predicted the last committed token: h_i = h + SiLU(W_i h + b_i), and the target's output layer turns
+h_i into a distribution over the token i places further on (Cai et al. 2024, Medusa-1). All heads run
+at once from one state, so a draft of k tokens costs one [k, E] x [E, V] product, not k model steps.
+The heads ignore each other's samples, which the rule allows: each drafted token comes with the
+distribution it was drawn from, and verification stays exact.
+
+The state comes from the loop: after each verify pass it hands the drafter the target's hidden row
+that produced the committed token (`observe_target`). Before the first pass there is none, and the
+first round drafts nothing. A heads file is .npz: weight [H, E, E], bias [H, E] and a JSON `meta` with
+the target's vocabulary digest and width, checked at load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.sampling import sample, to_probs
+
+HEADS_SUFFIX = ".medusa.npz"
+
+
+def output_matrix(gguf_path: str | os.PathLike) -> np.ndarray:
+    """The target's output layer [V, E] as float32, dequantized from its GGUF (tied embeddings: token_embd)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    tensors = {t.name: t for t in GGUFReader(gguf_path).tensors if t.name in ("output.weight", "token_embd.weight")}
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if tensor is None:
+        raise EdgespecError(f"{gguf_path} has no output layer to share with draft heads")
+    rows = dequantize(tensor.data, tensor.tensor_type)
+    return np.ascontiguousarray(rows.reshape(-1, rows.shape[-1]), dtype=np.float32)
+
+
+def save_heads(path: str | os.PathLike, weight: np.ndarray, bias: np.ndarray, meta: dict) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial.npz")
+    np.savez(tmp, weight=weight.astype(np.float16), bias=bias.astype(np.float16),
+             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    os.replace(tmp, path)
+    return path
+
+
+def load_heads(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgespecError(f"heads file not found: {path}")
+    try:
+        z = np.load(path)
+        weight, bias = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
+        meta = json.loads(bytes(z["meta"]).decode())
+    except (OSError, ValueError, KeyError) as e:
+        raise EdgespecError(f"{path} is not a heads file written by edgespec train-heads ({e})") from None
+    if weight.ndim != 3 or weight.shape[1:] != (weight.shape[1], weight.shape[1]) or bias.shape != weight.shape[:2]:
+        raise EdgespecError(f"{path} has heads of inconsistent shapes {weight.shape} / {bias.shape}")
+    return weight, bias, meta
+
+
+def medusa_states(hidden: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The heads' states [H, E] from one target state [E]: h + SiLU(W_i h + b_i)."""
+    pre = weight @ hidden + bias  # [H, E]
+    return hidden + pre / (1.0 + np.exp(-pre))
+
+
+class MedusaDrafter:
+    """Drafts up to n_heads tokens from the target's last hidden state; see the module docstring."""
+
+    def __init__(self, path: str | os.PathLike, target, output: np.ndarray | None = None):
+        """output: the target's output layer [V, E]; default: read from the target's GGUF."""
+        self.weight, self.bias, self.meta = load_heads(path)
+        if not getattr(target, "hidden", False):
+            raise EdgespecError("Medusa heads read the target's hidden states: open the target with hidden=True "
+                                "(edgespec.load does this for a heads draft)")
+        if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
+            raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
+                                f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
+                                f"{target.n_embd}")
+        self.output = output_matrix(target.path) if output is None else output  # [V, E]
+        self.n_heads = self.weight.shape[0]
+        self.name = f"medusa:{Path(path).name}"
+        self.feature: np.ndarray | None = None  # [E]: the target's state that produced the last token
+
+    def observe_target(self, target, n_accepted: int) -> None:
+        """After a verify pass: keep the hidden row from which the committed token was sampled."""
+        rows = getattr(target, "last_hidden", None)
+        self.feature = None if rows is None else rows[n_accepted].astype(np.float32)
+
+    def reset(self) -> None:
+        self.feature = None
+
+    def measure_cost(self, reps: int = 5) -> float:
+        """Seconds per drafted token when all heads draft (the median of reps), for the controller's prior."""
+        import time
+
+        from edgespec.runtime.sampling import SamplingParams
+
+        saved, self.feature = self.feature, np.ones(self.weight.shape[1], dtype=np.float32)
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            self.propose([], self.n_heads, SamplingParams(), np.random.default_rng(0))
+            times.append(time.perf_counter() - t)
+        self.feature = saved
+        return sorted(times)[reps // 2] / self.n_heads
+
+    def propose(self, context, k, params, rng):
+        k = min(k, self.n_heads)
+        if k == 0 or self.feature is None:
+            return [], np.empty((0, self.output.shape[0]))
+        states = medusa_states(self.feature, self.weight[:k], self.bias[:k])  # [k, E]
+        probs = to_probs(states @ self.output.T, params)  # [k, V]
+        return [sample(row, rng) for row in probs], probs

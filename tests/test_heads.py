@@ -1,0 +1,113 @@
+"""Medusa heads: exact output on a fake target with hidden states, training on a real corpus, a real pair."""
+
+import numpy as np
+import pytest
+from fake import EOS, FakeBackend, random_table
+from stats_util import ALPHA, goodness_of_fit
+from test_loop import markov_law, run, tokens_of
+from test_verify import without_residual
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime import loop as loop_module
+from edgespec.runtime.heads import MedusaDrafter, load_heads, medusa_states, save_heads
+from edgespec.runtime.sampling import SamplingParams
+
+V = 5
+
+
+class HiddenFake(FakeBackend):
+    """A fake target whose 'hidden state' at a position is its logits row there (E = V), so an identity
+    output layer maps it back to the logits, as a real target's output layer does."""
+
+    hidden, path = True, None
+
+    def __init__(self, table, **kwargs):
+        super().__init__(table, **kwargs)
+        self.n_embd = table.shape[0]
+        self.last_hidden = None
+
+    def forward(self, tokens, n_logits):
+        rows = super().forward(tokens, n_logits)
+        self.last_hidden = rows.copy() if n_logits else None
+        return rows
+
+
+def heads_file(tmp_path, target, n_heads=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return save_heads(tmp_path / "t.medusa.npz", rng.normal(scale=0.5, size=(n_heads, V, V)),
+                      rng.normal(size=(n_heads, V)), {"vocab_digest": target.vocab.digest, "n_embd": V})
+
+
+@pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
+                                            (SamplingParams(temperature=0.8, top_p=0.9), False),
+                                            (SamplingParams(temperature=1.0), True)])
+def test_medusa_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, broken):
+    """Four tokens from the loop with heads that draft from the target's state: their joint law is the
+    target chain's; it is not once the residual step is removed."""
+    rng = np.random.default_rng(7)
+    table = random_table(rng, V, 1.5)
+    table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(loop_module, "verify", without_residual)
+    target = HiddenFake(table)
+    drafter = MedusaDrafter(heads_file(tmp_path, target), target, output=np.eye(V))
+    draws, drafted = [], 0
+    for seed in range(6000):
+        events, stats = run(target, drafter, [1], max_tokens=4, draft_max=3, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+        drafted += stats.drafted
+    assert drafted > 6000  # the heads drafted in most runs (all but the first round of each)
+    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
+    assert (p < ALPHA) == broken, p
+
+
+def test_heads_state_is_a_residual_block():
+    rng = np.random.default_rng(0)
+    h, w, b = rng.normal(size=4), rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4))
+    pre = w[1] @ h + b[1]
+    np.testing.assert_allclose(medusa_states(h, w, b)[1], h + pre / (1 + np.exp(-pre)))
+    np.testing.assert_allclose(medusa_states(h, np.zeros_like(w), np.zeros_like(b)), [h, h])  # zero init: h
+
+
+def test_heads_files_are_checked(tmp_path):
+    target = HiddenFake(random_table(np.random.default_rng(0), V))
+    path = heads_file(tmp_path, target)
+    weight, bias, meta = load_heads(path)
+    assert weight.shape == (3, V, V) and bias.shape == (3, V) and meta["n_embd"] == V
+    other = save_heads(tmp_path / "o.medusa.npz", weight, bias, {"vocab_digest": "0" * 16, "n_embd": V})
+    with pytest.raises(EdgespecError, match="trained for another target"):
+        MedusaDrafter(other, target, output=np.eye(V))
+    (tmp_path / "bad.medusa.npz").write_bytes(b"not a zip")
+    with pytest.raises(EdgespecError, match="not a heads file"):
+        load_heads(tmp_path / "bad.medusa.npz")
+    with pytest.raises(EdgespecError, match="not found"):
+        load_heads(tmp_path / "missing.medusa.npz")
+    plain = FakeBackend(random_table(np.random.default_rng(0), V))
+    with pytest.raises(EdgespecError, match="hidden"):
+        MedusaDrafter(path, plain, output=np.eye(V))
+
+
+@pytest.mark.slow
+def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gguf, default_corpus, tmp_path):
+    from edgespec.api import load
+    from edgespec.models.corpus import read_corpus
+    from edgespec.models.heads import train_medusa
+    from edgespec.runtime.heads import output_matrix
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    _, seqs = read_corpus(default_corpus)
+    weight, bias, report = train_medusa(seqs, output_matrix(default_gguf), n_heads=2, epochs=3, lr=3e-3,
+                                        holdout=0.34, progress=False)
+    assert report["epochs"][-1]["loss"] < report["epochs"][0]["loss"]
+    backend = LlamaBackend(default_gguf, n_ctx=16)
+    path = save_heads(tmp_path / "d.medusa.npz", weight, bias,
+                      {"vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd})
+    engine = load(default_gguf, path, n_ctx=512)
+    assert engine.drafter.name == "medusa:d.medusa.npz"
+    for prompt in ("Say hello.", "Name three colors."):
+        base = engine.generate(prompt, max_tokens=24, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=24, draft_max=2)
+        assert spec.tokens == base.tokens and spec.stats.drafted > 0
+    (tmp_path / "an-onnx-export").mkdir()
+    with pytest.raises(EdgespecError, match="use a GGUF target"):
+        load(tmp_path / "an-onnx-export", path)
