@@ -94,3 +94,13 @@ def test_non_gguf_target(runner, tmp_path):
     fake.write_bytes(b"PK\x03\x04 zip, not gguf")
     result = runner.invoke(main, ["generate", "hi", "--target", str(fake)])
     assert result.exit_code == 1 and "not a GGUF file" in result.output
+
+
+def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
+    result = runner.invoke(main, ["distill", "--out", str(tmp_path / "draft.bin")])
+    assert result.exit_code == 1 and "give --out a .gguf file name" in result.output
+    result = runner.invoke(main, ["train-heads", "--out", str(tmp_path / "heads.npz")])
+    assert result.exit_code == 1 and "name the heads file *.medusa.npz" in result.output
+    result = runner.invoke(main, ["distill", "--out", str(tmp_path / "d.gguf"), "--only-prompts"])
+    assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
+    assert not any(tmp_path.iterdir())  # nothing written
