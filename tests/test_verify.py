@@ -88,3 +88,42 @@ def test_monte_carlo_second_token_given_first_accepted():
     pairs = [pair for pair in run_rule(verify, TARGET, DRAFT, 3, 30000, seed=8) if pair[1] is not None]
     seconds = [b for _, b in pairs]
     assert goodness_of_fit(seconds, {b: TARGET[1, b] for b in range(4)}) > ALPHA
+
+
+def candidates_law(target, draft, m, rule_residual=residual):
+    """Exact law of the token verify_candidates emits with m candidates drawn i.i.d. from draft."""
+    if m == 0:
+        return target
+    accept = np.array([acceptance_prob(target, draft, x) for x in range(len(target))])
+    after_reject = candidates_law(rule_residual(target, draft), draft, m - 1, rule_residual)
+    return draft * accept + float(np.sum(draft * (1 - accept))) * after_reject
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 6).flatmap(lambda v: st.tuples(distributions(v), distributions(v))), st.integers(1, 4))
+def test_several_candidates_emit_the_target_law_analytically(pair, m):
+    target, draft = pair
+    np.testing.assert_allclose(candidates_law(target, draft, m), target, atol=1e-9)
+
+
+def test_several_candidates_without_the_residual_update_are_wrong():
+    target, draft = np.array([0.6, 0.3, 0.1]), np.array([0.1, 0.2, 0.7])
+    keep_target = lambda t, d: t  # noqa: E731  a rule that forgets to update the law after a rejection
+    assert np.abs(candidates_law(target, draft, 2, keep_target) - target).max() > 0.05
+
+
+def test_several_candidates_monte_carlo():
+    from edgespec.runtime.verify import verify_candidates
+
+    rng = np.random.default_rng(11)
+    target, draft = np.array([0.5, 0.25, 0.15, 0.1]), np.array([0.1, 0.2, 0.3, 0.4])
+    draws, accepted_at = [], []
+    for _ in range(20000):
+        candidates = np.array([sample(draft, rng) for _ in range(3)])
+        j, token = verify_candidates(target, draft, candidates, rng)
+        assert j is None or candidates[j] == token
+        draws.append(token)
+        accepted_at.append(j)
+    assert goodness_of_fit(draws, dict(enumerate(target))) > ALPHA
+    # a second and third candidate do get accepted after a first rejection: that is what a tree buys
+    assert accepted_at.count(1) > 1000 and accepted_at.count(2) > 200

@@ -42,3 +42,25 @@ def verify(
         if rng.random() >= acceptance_prob(target_probs[i], draft_probs[i], token):
             return i, sample(residual(target_probs[i], draft_probs[i]), rng)
     return k, sample(target_probs[k], rng)
+
+
+def verify_candidates(
+    target_row: np.ndarray,  # [V]
+    draft_row: np.ndarray,  # [V]
+    candidates: np.ndarray,  # [m], drawn independently from draft_row
+    rng: np.random.Generator,
+) -> tuple[int | None, int]:
+    """Several candidates for one position (the children of a draft-tree node): return (index of the
+    accepted candidate, its token), or (None, a token from the last residual) when all are rejected.
+
+    Recursive rejection sampling (SpecInfer's multi-step speculative sampling): each candidate meets the
+    rule above against the current target law, and each rejection replaces that law by its residual.
+    With candidates drawn independently from draft_row, the token is distributed exactly as target_row;
+    the chain rule `verify` is the case of one candidate per position.
+    """
+    law = target_row
+    for j, token in enumerate(candidates):
+        if rng.random() < acceptance_prob(law, draft_row, token):
+            return j, int(token)
+        law = residual(law, draft_row)
+    return None, sample(law, rng)
