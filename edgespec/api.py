@@ -183,7 +183,7 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
 
 def planner_dict(plan) -> dict | None:
     """A plan as JSON-ready data (None stays None)."""
-    from edgespec.runtime.planner import to_dict
+    from edgespec.runtime.plan_report import to_dict
 
     return to_dict(plan) if plan is not None else None
 
@@ -207,7 +207,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             weights load. profiles: a TOML file of extra device profiles.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
     """
-    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_MARGIN, DRAFT_WINDOWS, refusal
+    from edgespec.runtime.plan_report import refusal
+    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_MARGIN, DRAFT_WINDOWS
 
     if target is None:
         from edgespec.models.default import default_target

@@ -245,7 +245,7 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
     fit; and a roofline prediction of decode speed. Exits 1 when the models do not fit.
     """
     from edgespec.api import plan_for
-    from edgespec.runtime.planner import format_plan, predict, to_dict
+    from edgespec.runtime.plan_report import format_plan, predict, to_dict
 
     if pair:
         from edgespec.export.pair import read_manifest

@@ -19,6 +19,7 @@ import edgespec.api
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.runtime.model_info import Tensor, read_model_info
+from edgespec.runtime.plan_report import format_plan, predict, refusal, to_dict
 from edgespec.runtime.planner import (
     DEFAULT_CTX,
     DRAFT_WINDOWS,
@@ -27,16 +28,12 @@ from edgespec.runtime.planner import (
     GiB,
     MiB,
     compute_bytes,
-    format_plan,
     kv_bytes,
     llama_ctx,
     make_plan,
     model_need,
     parse_size,
-    predict,
-    refusal,
     requantized,
-    to_dict,
 )
 from edgespec.runtime.profiles import Profile, get_profile, load_profiles
 

@@ -21,7 +21,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.cost import expected_tokens
 from edgespec.runtime.model_info import ModelInfo
 from edgespec.runtime.profiles import Profile
 
@@ -209,7 +208,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     capacity = profile.capacity if budget is None else min(profile.capacity, budget)
     note = f"{profile.name}: {profile.memory_bytes / GiB:.1f} GiB, {profile.reserve_bytes / GiB:.1f} GiB reserved"
     if budget is not None and budget < profile.capacity:
-        note = f"budget {_mib(budget)}"
+        note = f"budget {mib_text(budget)}"
     wanted_ctx = n_ctx or DEFAULT_CTX
     contexts = [wanted_ctx] if n_ctx else [c for c in _halvings(wanted_ctx)]
     kvs = [kv_type] if kv_type else list(KV_CHOICES)
@@ -329,99 +328,5 @@ def requantized(info: ModelInfo, quant: str) -> ModelInfo:
     return replace(info, tensors=tensors, format="gguf")
 
 
-# --- prediction ------------------------------------------------------------------------------------
-
-def predict(plan: Plan, acceptance: float, k_max: int = 8) -> dict:
-    """Decode speed from the roofline (bandwidth / bytes read per token): an upper bound, labelled so.
-
-    A verify pass of k+1 tokens is taken to read the weights once, as one step does (bandwidth-bound);
-    on CPUs with quantized weights it costs more (edgespec bench measures it). Speculation is Leviathan's
-    expected tokens per round, (1 - a^(k+1)) / (1 - a), over the round's cost k * t_draft + t_target.
-    """
-    t_target = _step_seconds(plan, plan.target)
-    t_draft = _step_seconds(plan, plan.draft) if plan.draft else 0.0
-    out = {"kind": "prediction (roofline upper bound)", "acceptance": acceptance,
-           "target_tokens_per_second": round(1 / t_target, 1),
-           "draft_step_cost": round(t_draft / t_target, 3) if plan.draft else 0.0}
-    if plan.drafter == "none":
-        return out
-    rows = []
-    for k in range(1, k_max + 1):
-        speed = expected_tokens(acceptance, k) / (k * t_draft + t_target)
-        rows.append({"draft_length": k, "tokens_per_second": round(speed, 1), "speedup": round(speed * t_target, 3)})
-    best = max(rows, key=lambda r: r["speedup"])
-    out.update(speculative=rows, best_draft_length=best["draft_length"], best_speedup=best["speedup"])
-    return out
-
-
-def _step_seconds(plan: Plan, m: ModelNeed) -> float:
-    """Bytes one decode step reads (weights, half the KV cache on average) over the bandwidth of where they live."""
-    read = m.info.bytes_read_per_token() + m.kv_cache // 2
-    if not plan.discrete or m.runtime == "onnxruntime":
-        return read / plan.profile.bandwidth
-    on_gpu = min(m.n_gpu_layers, m.info.n_layer) / m.info.n_layer
-    host = plan.profile.host_bandwidth or plan.profile.bandwidth / 10
-    return read * on_gpu / plan.profile.bandwidth + read * (1 - on_gpu) / host
-
-
-# --- report ----------------------------------------------------------------------------------------
-
-PARTS = ("weights", "repacked", "kv_cache", "compute", "outputs", "vocab")
-
-
-def to_dict(plan: Plan, prediction: dict | None = None) -> dict:
-    models = [{"role": m.role, "path": str(m.info.path), "runtime": m.runtime, "context": m.n_ctx,
-               "kv_type": m.kv_type, "prompt_batch": m.n_ubatch, "gpu_layers": m.n_gpu_layers,
-               "bytes": {**{p: getattr(m, p) for p in PARTS}, "total": m.total},
-               **({"gpu_bytes": m.gpu_bytes} if plan.discrete else {})} for m in plan.models]
-    out = {"device": plan.profile.name, "title": plan.profile.title, "capacity": plan.capacity,
-           "capacity_from": plan.budget_note, "fits": plan.fits, "total": plan.total, "used": plan.used,
-           "missing": plan.missing, "runtime_bytes": plan.runtime, "drafter": plan.drafter,
-           "draft_window": plan.draft_window, "models": models, "changes": list(plan.changes),
-           "suggestions": list(plan.suggestions)}
-    if prediction:
-        out["prediction"] = prediction
-    return out
-
-
-def refusal(plan: Plan) -> str:
-    """The one-paragraph error for a plan that does not fit."""
-    where = "VRAM" if plan.discrete else "memory"
-    return (f"the models do not fit {plan.profile.title} ({plan.budget_note}): they need {_mib(plan.used)} of "
-            f"{where} at the smallest settings (context {plan.target.n_ctx}, KV {plan.target.kv_type}), "
-            f"{_mib(plan.capacity)} is available, {_mib(plan.missing)} is missing. Would fit: "
-            + "; or ".join(plan.suggestions))
-
-
-def format_plan(plan: Plan, prediction: dict | None = None) -> str:
-    lines = [f"device: {plan.profile.title} [{plan.profile.name}], capacity {_mib(plan.capacity)} "
-             f"({plan.budget_note})", ""]
-    header = f"{'':10}" + "".join(f"{p:>10}" for p in (*PARTS, "total"))
-    lines += [header + "   settings"]
-    for m in plan.models:
-        settings = f"ctx {m.n_ctx}, KV {m.kv_type}"
-        if m.runtime == "llama.cpp":
-            settings += f", batch {m.n_ubatch}" + (f", GPU layers {m.n_gpu_layers}" if plan.profile.gpu else "")
-        lines.append(f"{m.role:10}" + "".join(f"{_mib(getattr(m, p)):>10}" for p in (*PARTS, "total"))
-                     + f"   {m.info.name} ({m.runtime}): {settings}")
-    lines.append(f"{'runtime':10}{'':60}{_mib(plan.runtime):>10}   Python, libraries, the loop's arrays")
-    lines.append(f"{'total':10}{'':60}{_mib(plan.total):>10}")
-    if plan.discrete:
-        lines.append(f"in VRAM: {_mib(plan.used)} of {_mib(plan.capacity)}")
-    lines.append("")
-    if plan.fits:
-        lines.append(f"fits, {_mib(plan.capacity - plan.used)} to spare"
-                     + (": " + "; ".join(plan.changes) if plan.changes else ""))
-    else:
-        lines.append(refusal(plan))
-    if prediction:
-        lines += ["", f"{prediction['kind']}: target alone {prediction['target_tokens_per_second']} tok/s"]
-        if "speculative" in prediction:
-            lines.append(f"  with acceptance {prediction['acceptance']} and a draft step costing "
-                         f"{prediction['draft_step_cost']}x a target step: best draft length "
-                         f"{prediction['best_draft_length']}, {prediction['best_speedup']}x target-only")
-    return "\n".join(lines)
-
-
-def _mib(n: int) -> str:
+def mib_text(n: int) -> str:
     return f"{n / MiB:.1f} MiB" if n < 10 * GiB else f"{n / GiB:.2f} GiB"
