@@ -172,7 +172,8 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         from edgespec.models.default import default_target
 
         target = default_target()
-    kind = "none" if draft in (None, "none") else "ngram" if str(draft) == "ngram" else "model"
+    kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
+            else "heads" if str(draft).endswith(HEADS_SUFFIX) else "model")
     target_info = read_model_info(target)
     draft_info = read_model_info(draft) if kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget

@@ -111,3 +111,13 @@ def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gg
     (tmp_path / "an-onnx-export").mkdir()
     with pytest.raises(EdgespecError, match="use a GGUF target"):
         load(tmp_path / "an-onnx-export", path)
+
+
+def test_heads_are_planned_with_their_copy_of_the_output_layer(default_gguf, tmp_path):
+    from edgespec.api import plan_for
+
+    backend = HiddenFake(random_table(np.random.default_rng(0), V))
+    heads = heads_file(tmp_path, backend)
+    ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
+    planned = plan_for(default_gguf, heads, device="rpi5-8gb")
+    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == 49152 * 576 * 4

@@ -77,7 +77,8 @@ def format_plan(plan: Plan, prediction: dict | None = None) -> str:
             settings += f", batch {m.n_ubatch}" + (f", GPU layers {m.n_gpu_layers}" if plan.profile.gpu else "")
         lines.append(f"{m.role:10}" + "".join(f"{mib_text(getattr(m, p)):>10}" for p in (*PARTS, "total"))
                      + f"   {m.info.name} ({m.runtime}): {settings}")
-    lines.append(f"{'runtime':10}{'':60}{mib_text(plan.runtime):>10}   Python, libraries, the loop's arrays")
+    what = "Python, libraries, the loop's arrays" + (", the heads' output layer" if plan.drafter == "heads" else "")
+    lines.append(f"{'runtime':10}{'':60}{mib_text(plan.runtime):>10}   {what}")
     lines.append(f"{'total':10}{'':60}{mib_text(plan.total):>10}")
     if plan.discrete:
         lines.append(f"in VRAM: {mib_text(plan.used)} of {mib_text(plan.capacity)}")

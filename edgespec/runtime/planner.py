@@ -80,7 +80,7 @@ class Plan:
     budget_note: str  # where capacity comes from
     models: tuple[ModelNeed, ...]
     runtime: int  # Python, libraries, GPU context, the loop's working arrays
-    drafter: str  # "model" | "ngram" | "none"
+    drafter: str  # "model" | "heads" | "ngram" | "none"
     draft_window: int | None
     changes: tuple[str, ...] = ()  # what the planner changed from the preferred settings, and why
     suggestions: tuple[str, ...] = ()  # when it does not fit: changes that would
@@ -201,7 +201,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     with suggestions, when nothing does (plan.fits is then False).
 
     n_ctx: fixed context (None: DEFAULT_CTX, halved while it does not fit). kv_type: fixed KV cache type
-    (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "ngram" or "none".
+    (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (Medusa heads: they
+    keep a float32 copy of the target's output layer), "ngram" or "none".
     """
     if kv_type is not None and kv_type not in KV_BLOCKS:
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
@@ -245,6 +246,8 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
     gpu, discrete = profile.gpu, not profile.unified and profile.gpu is not None
     gpu_context = GPU_CONTEXT_BYTES.get(gpu, 0) if gpu and not discrete else 0  # discrete: counted in VRAM
     runtime = runtime_bytes([m for m in (target, draft) if m], gpu_context, k_max, target.n_vocab)
+    if drafter == "heads":  # the heads read the target's output layer from a float32 copy, in numpy
+        runtime += target.n_vocab * target.n_embd * 4
     draft_ctx = min(ctx, window) + DRAFT_MARGIN if window else 0
 
     def needs(n_target_gpu: int, n_draft_gpu: int) -> list[ModelNeed]:
