@@ -42,7 +42,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     if engine.drafter is None:
         raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
     totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "prefill": {"base": 0.0, "spec": 0.0},
-                                  "drafted": 0, "accepted": 0,
+                                  "drafted": 0, "accepted": 0, "draft_s": 0.0, "target_s": 0.0, "passes": 0,
                                   "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0})
     modes = {"base": 0, "spec": draft_max}
     bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
@@ -61,6 +61,9 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
                 t[mode][1] += outputs[mode].stats.decode_s
                 t["prefill"][mode] += outputs[mode].stats.prefill_s
             s = outputs["spec"].stats
+            t["draft_s"] += s.draft_s
+            t["target_s"] += outputs["base"].stats.target_s
+            t["passes"] += outputs["base"].stats.target_passes
             t["drafted"] += s.drafted
             t["accepted"] += s.accepted
             t["rounds_with_draft"] += sum(s.accept_counts.values())
@@ -84,6 +87,9 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "speculative_prefill_ms": round(1000 * t["prefill"]["spec"] / t["n"], 1),
             "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
             "mean_accepted_length": round(t["accepted"] / t["rounds_with_draft"], 4) if t["rounds_with_draft"] else 0.0,
+            # seconds per drafted token over seconds per target-only step (catching up included)
+            "draft_step_cost": round(t["draft_s"] / t["drafted"] / (t["target_s"] / t["passes"]), 3)
+            if t["drafted"] and t["passes"] and t["target_s"] else 0.0,
             "draft_length_histogram": {str(k): v for k, v in sorted(t["draft_lengths"].items())},
             "identical_outputs": t["same"],
         }
@@ -110,6 +116,24 @@ def format_report(report: dict) -> str:
         lines.append(f"{name:<10}{c['prompts']:>8}{c['target_only_tokens_per_second']:>14.1f}"
                      f"{c['speculative_tokens_per_second']:>12.1f}{c['speedup']:>8.3f}{c['acceptance_rate']:>8.2f}"
                      f"{c['mean_accepted_length']:>10.2f}{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
+    return "\n".join(lines)
+
+
+def format_comparison(reports: list[dict]) -> str:
+    """Draft kinds side by side per category: acceptance, mean accepted length, draft step cost relative
+    to a target step, and speed over target-only (each measured against its own interleaved baseline)."""
+    width = 30
+    head = f"{'category':<10}" + "".join(f"{r['draft'][:width - 2]:>{width}}" for r in reports)
+    sub = f"{'':<10}" + f"{'accept  mean  cost  ratio':>{width}}" * len(reports)
+    lines = [f"target {reports[0]['target']}, temperature {reports[0]['temperature']}", head, sub]
+    names = sorted(reports[0]["categories"]) + ["overall"]
+    for name in names:
+        cells = []
+        for r in reports:
+            c = r["overall"] if name == "overall" else r["categories"][name]
+            cells.append(f"{c['acceptance_rate']:.2f}  {c['mean_accepted_length']:.2f}  {c['draft_step_cost']:.2f}  "
+                         f"{c['speedup']:.3f}")
+        lines.append(f"{name:<10}" + "".join(f"{cell:>{width}}" for cell in cells))
     return "\n".join(lines)
 
 

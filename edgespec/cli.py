@@ -70,9 +70,11 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        return f(*args, load_engine=lambda: load(target, draft, n_ctx=n_ctx, threads=threads, provider=provider,
-                                                 device=device, budget=budget, kv_type=kv_type, profiles=profiles),
-                 **kwargs)
+        def load_engine(other_draft=None):
+            return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
+                        device=device, budget=budget, kv_type=kv_type, profiles=profiles)
+
+        return f(*args, load_engine=load_engine, **kwargs)
 
     return wrapper
 
@@ -212,18 +214,30 @@ def chat(load_engine, system, **sampling):
 @click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--draft-max", type=click.IntRange(0, 15), default=None,
               help="Fix the speculative draft length [default: chosen from measured costs]")
+@click.option("--also", "also", multiple=True,
+              help="Another draft to bench on the same prompts (repeatable): drafts side by side per category")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
-def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, as_json):
+def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, as_json):
     """Target-only vs speculative decoding, side by side in one process, per category."""
-    from edgespec.bench import format_report, read_prompts, run_bench
+    from edgespec.bench import format_comparison, format_report, read_prompts, run_bench
 
     prompts = read_prompts(prompts_file)
-    if not as_json:
-        _status("loading models and measuring draft costs ...")
-    engine: Engine = load_engine()
-    report = run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature, draft_max=draft_max,
-                       progress=not as_json and sys.stderr.isatty())
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    reports = []
+    for other in (None, *also):  # one draft at a time: a single loaded pair in memory
+        if not as_json:
+            _status("loading models and measuring draft costs ...")
+        engine: Engine = load_engine(other)
+        try:
+            reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
+                                     draft_max=draft_max, progress=not as_json and sys.stderr.isatty()))
+        finally:
+            engine.close()
+        if not as_json:
+            click.echo(format_report(reports[-1]) + "\n")
+    if as_json:
+        click.echo(json.dumps(reports[0] if not also else reports, indent=2))
+    elif also:
+        click.echo(format_comparison(reports))
 
 
 @main.command()

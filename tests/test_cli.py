@@ -104,3 +104,20 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
     result = runner.invoke(main, ["distill", "--out", str(tmp_path / "d.gguf"), "--only-prompts"])
     assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"cat": "a", "prompt": "Count from 1 to 5."}\n')
+    result = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "16", "--also", str(q4_0_gguf),
+                                  "--json"])
+    assert result.exit_code == 0, result.output
+    ngram, model = json.loads(result.stdout)
+    assert ngram["draft"] == "ngram" and model["draft"] == f"model:{q4_0_gguf.name}"
+    for report in (ngram, model):
+        assert report["overall"]["identical_outputs"] == 1
+    # a q4_0 copy of the target costs a real fraction of a target step per drafted token; lookup is near free
+    assert 0.1 < model["overall"]["draft_step_cost"] < 2
+    assert ngram["overall"]["draft_step_cost"] < 0.1 or ngram["overall"]["drafted"] == 0
+    text = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "8", "--also", "none"])
+    assert text.exit_code == 1 and "compares against a draft" in text.output
