@@ -109,8 +109,9 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
 def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"cat": "a", "prompt": "Count from 1 to 5."}\n')
+    # a fixed draft length: whether drafting pays is the controller's call, measured, and not this test's
     result = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "16", "--also", str(q4_0_gguf),
-                                  "--json"])
+                                  "--draft-max", "3", "--json"])
     assert result.exit_code == 0, result.output
     ngram, model = json.loads(result.stdout)
     assert ngram["draft"] == "ngram" and model["draft"] == f"model:{q4_0_gguf.name}"
@@ -118,6 +119,6 @@ def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
         assert report["overall"]["identical_outputs"] == 1
     # a q4_0 copy of the target costs a real fraction of a target step per drafted token; lookup is near free
     assert 0.1 < model["overall"]["draft_step_cost"] < 2
-    assert ngram["overall"]["draft_step_cost"] < 0.1 or ngram["overall"]["drafted"] == 0
+    assert ngram["overall"]["draft_step_cost"] < 0.1
     text = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "8", "--also", "none"])
     assert text.exit_code == 1 and "compares against a draft" in text.output
