@@ -143,7 +143,7 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
     """
     path = Path(path)
     if hidden and (path.is_dir() or path.suffix.lower() == ".onnx"):
-        raise EdgespecError("draft heads read the target's hidden states, which edgespec takes from GGUF targets "
+        raise EdgespecError("hidden states (what draft heads and their training read) come from GGUF targets "
                             "(llama.cpp); use a GGUF target")
     if path.is_dir() or path.suffix.lower() == ".onnx":
         from edgespec.runtime.onnx_backend import OnnxBackend
@@ -182,17 +182,10 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
                      kv_type=kv_type, drafter=kind, k_max=k_max)
 
 
-def planner_dict(plan) -> dict | None:
-    """A plan as JSON-ready data (None stays None)."""
-    from edgespec.runtime.plan_report import to_dict
-
-    return to_dict(plan) if plan is not None else None
-
-
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
-         profiles: str | os.PathLike | None = None) -> Engine:
+         profiles: str | os.PathLike | None = None, hidden: bool = False) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -207,9 +200,11 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             budget ("6GiB"), and load with the plan's settings; a pair that cannot fit is refused before any
             weights load. profiles: a TOML file of extra device profiles.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
+        hidden: the target also returns its hidden states (GGUF; on by itself for a heads draft).
     """
+    from edgespec.runtime.drafts import MAX_DRAFT
     from edgespec.runtime.plan_report import refusal
-    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_MARGIN, DRAFT_WINDOWS
+    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
 
     if target is None:
         from edgespec.models.default import default_target
@@ -237,7 +232,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     provider = provider or "cpu"
     heads = draft is not None and str(draft).endswith(HEADS_SUFFIX)
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=heads, **settings)
+                                hidden=hidden or heads, **settings)
     draft_backend = drafter = None
     draft_cost = 0.0
     try:
@@ -251,7 +246,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             drafter = MedusaDrafter(draft, target_backend)
             draft_cost = drafter.measure_cost()
         else:  # the draft reads a window of recent tokens, and needs room for what it drafts
-            draft_ctx = min(target_backend.n_ctx, window) + DRAFT_MARGIN
+            draft_ctx = min(target_backend.n_ctx, window) + MAX_DRAFT
             draft_backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **draft_settings)
             drafter = ModelDrafter(draft_backend, target_backend.vocab)
             draft_cost = measure_pass_costs(draft_backend, 1)[1]

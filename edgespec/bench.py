@@ -142,6 +142,7 @@ def format_comparison(reports: list[dict]) -> str:
 _PEAK_CHILD = r"""
 import json, resource, sys
 import edgespec.api as api
+from edgespec.runtime.plan_report import to_dict
 args = json.loads(sys.argv[1])
 engine = api.load(args["target"], args["draft"], n_ctx=args["ctx"], device=args["device"], budget=args["budget"])
 # fill the context: the KV cache, the compute buffer and the logits rows all reach their planned size
@@ -149,9 +150,9 @@ text = " ".join(p["prompt"] for p in args["prompts"])
 tokens = engine.target.tokenize(text, special=False)
 while len(tokens) < engine.target.n_ctx:
     tokens += tokens
-prompt = engine.target.vocab.pieces
+pieces = engine.target.vocab.pieces
 n = engine.target.n_ctx - args["max_tokens"] - 1
-text = b"".join(prompt[t] for t in tokens[:n]).decode("utf-8", "replace")
+text = b"".join(pieces[t] for t in tokens[:n]).decode("utf-8", "replace")
 result = engine.generate(text, max_tokens=args["max_tokens"], chat=False, temperature=0.0)
 def peak_rss():
     # Linux: VmHWM, the high-water mark of this program's memory. ru_maxrss would also count the parent's
@@ -162,7 +163,7 @@ def peak_rss():
     except (OSError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
 print(json.dumps({"peak": peak_rss(),
-                  "plan": api.planner_dict(engine.plan), "prompt_tokens": result.stats.prompt_tokens,
+                  "plan": to_dict(engine.plan), "prompt_tokens": result.stats.prompt_tokens,
                   "generated": result.stats.generated, "drafted": result.stats.drafted}))
 """
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import MAX_OUTPUTS
 
 MANIFEST = "corpus.json"
 VERSION = 1
-TEACHER_ROWS = 16  # logits rows per teacher-forced forward: the backends' MAX_OUTPUTS
 
 
 @dataclass(frozen=True)
@@ -69,34 +69,28 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     shards = [prompts[i:i + shard_size] for i in range(0, len(prompts), shard_size)]
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
-        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads)
-        if hidden:
-            _enable_hidden(engine)
+        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
+        bar = None
+        if progress:  # minutes per shard on a CPU: a bar over prompts, starting at what earlier runs did
+            import click
+
+            bar = click.progressbar(length=len(prompts), label="target answering prompts", file=sys.stderr,
+                                    show_pos=True)
+            bar.update(sum(len(shards[i]) for i in range(len(shards)) if i not in todo))
         try:
-            done = len(shards) - len(todo)
             for i in todo:
-                _say(progress, f"shard {i + 1}/{len(shards)} ({done * shard_size} of {len(prompts)} prompts done)")
-                arrays = _answer_shard(engine, shards[i], settings, first_index=i * shard_size)
+                arrays = _answer_shard(engine, shards[i], settings, first_index=i * shard_size,
+                                       on_prompt=bar.update if bar else None)
                 _write_shard(out, i, arrays)
-                done += 1
         finally:
             engine.close()
+            if bar:
+                bar.render_finish()
     manifest["shards"] = [_shard_name(i) for i in range(len(shards))]
     manifest["complete"] = True
     manifest["positions"] = sum(int(np.load(out / name)["lse"].shape[0]) for name in manifest["shards"])
     _write_json(out / MANIFEST, manifest)
     return manifest
-
-
-def _enable_hidden(engine) -> None:
-    """Reopen the target with hidden states on (only llama.cpp exposes them today)."""
-    from edgespec.runtime.llama_backend import LlamaBackend
-
-    if not isinstance(engine.target, LlamaBackend):
-        raise EdgespecError("hidden states are read from GGUF targets (llama.cpp); this target is not one")
-    old = engine.target
-    engine.target = LlamaBackend(old.path, n_ctx=old.n_ctx, n_threads=old.n_threads, hidden=True)
-    old.close()
 
 
 def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
@@ -115,7 +109,7 @@ def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
     return manifest
 
 
-def _answer_shard(engine, prompts: list[dict], settings: CorpusSettings, first_index: int) -> dict:
+def _answer_shard(engine, prompts: list[dict], settings: CorpusSettings, first_index: int, on_prompt=None) -> dict:
     tokens, offsets, prompt_lens, cats = [], [0], [], []
     ids, logits, lses, hiddens = [], [], [], []
     for j, row in enumerate(prompts):
@@ -139,6 +133,8 @@ def _answer_shard(engine, prompts: list[dict], settings: CorpusSettings, first_i
         lses.append(lse)
         if hidden is not None:
             hiddens.append(hidden)
+        if on_prompt:
+            on_prompt(1)
     arrays = {"tokens": np.asarray(tokens, np.int32), "offsets": np.asarray(offsets, np.int64),
               "prompt_lens": np.asarray(prompt_lens, np.int32), "cats": np.asarray(cats),
               "topk_ids": np.concatenate(ids), "topk_logits": np.concatenate(logits), "lse": np.concatenate(lses)}
@@ -156,8 +152,8 @@ def teacher_forced(backend, seq: list[int], n_prompt: int, top_k: int):
         backend.forward(seq[:n_prompt - 1], 0)
     ids, logits, lses, hiddens = [], [], [], []
     rest = seq[n_prompt - 1:-1]
-    for start in range(0, len(rest), TEACHER_ROWS):
-        chunk = rest[start:start + TEACHER_ROWS]
+    for start in range(0, len(rest), MAX_OUTPUTS):  # as many rows as a forward may return
+        chunk = rest[start:start + MAX_OUTPUTS]
         rows = backend.forward(chunk, len(chunk)).astype(np.float64)  # [T, V]
         top = np.argpartition(-rows, top_k - 1, axis=1)[:, :top_k]  # [T, K], unordered
         top_rows = np.take_along_axis(rows, top, axis=1)
@@ -187,11 +183,6 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.partial")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
-
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -17,13 +17,13 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.export.files import say
 from edgespec.models.corpus import Sequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -144,7 +144,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
 
     loss0, agree0 = evaluate()
     report["initial_loss"], report["initial_agreement"] = round(loss0, 4), round(agree0, 4)
-    _say(progress, f"draft of {n_layers} layers (target layers {picks}); held-out top-1 agreement "
+    say(progress, f"draft of {n_layers} layers (target layers {picks}); held-out top-1 agreement "
                    f"{agree0:.3f} before training")
     step = 0
     for epoch in range(epochs):
@@ -159,12 +159,12 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
             losses.append(loss.item())
             step += 1
             if progress and step % 20 == 0:
-                _say(progress, f"  epoch {epoch + 1} step {step}/{steps} loss {np.mean(losses[-20:]):.3f}")
+                say(progress, f"  epoch {epoch + 1} step {step}/{steps} loss {np.mean(losses[-20:]):.3f}")
         held_loss, held_agree = evaluate()
         entry = {"epoch": epoch + 1, "loss": round(float(np.mean(losses)), 4), "held_out_loss": round(held_loss, 4),
                  "held_out_agreement": round(held_agree, 4), "seconds": round(time.perf_counter() - t0, 1)}
         report["epochs"].append(entry)
-        _say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out top-1 agreement "
+        say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out top-1 agreement "
                        f"{entry['held_out_agreement']:.3f} ({entry['seconds']:.0f} s)")
     return draft.to("cpu"), report
 
@@ -246,7 +246,3 @@ def read_train_prompts() -> list[dict]:
     text = resources.files("edgespec").joinpath("data/train_prompts.jsonl").read_text("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)

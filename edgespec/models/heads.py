@@ -9,13 +9,13 @@ repeats the target's next-token prediction. See runtime/heads.py for how they dr
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.export.files import say
 from edgespec.models.corpus import Sequence
 
 
@@ -74,7 +74,7 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
 
     report = {"heads": n_heads, "train_sequences": len(train_seqs), "held_out_sequences": len(held),
               "initial_agreement": evaluate(), "epochs": []}
-    _say(progress, f"{n_heads} Medusa heads; held-out top-1 agreement per head before training: "
+    say(progress, f"{n_heads} Medusa heads; held-out top-1 agreement per head before training: "
                    f"{report['initial_agreement']}")
     pairs = head_pairs(train_seqs, n_heads)
     for epoch in range(epochs):
@@ -87,12 +87,12 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
             optimizer.step()
             losses.append(loss.item())
             if progress and n % 50 == 0:
-                _say(progress, f"  epoch {epoch + 1} batch {n}/{len(pairs) // batch + 1} "
+                say(progress, f"  epoch {epoch + 1} batch {n}/{len(pairs) // batch + 1} "
                                f"loss {np.mean(losses[-50:]):.3f}")
         entry = {"epoch": epoch + 1, "loss": round(float(np.mean(losses)), 4), "held_out_agreement": evaluate(),
                  "seconds": round(time.perf_counter() - t0, 1)}
         report["epochs"].append(entry)
-        _say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out agreement per head "
+        say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out agreement per head "
                        f"{entry['held_out_agreement']} ({entry['seconds']:.0f} s)")
     return weight.detach().numpy(), bias.detach().numpy(), report
 
@@ -132,7 +132,3 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, cor
     return {"heads": str(out), "bytes": out.stat().st_size, "corpus": str(corpus), "corpus_seconds": round(corpus_s, 1),
             "train_seconds": round(time.perf_counter() - t0, 1), "training": report}
 
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)

@@ -17,6 +17,8 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
+MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
+
 
 @dataclass(frozen=True)
 class Vocab:

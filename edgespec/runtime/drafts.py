@@ -11,10 +11,10 @@ from typing import Protocol
 
 import numpy as np
 
-from edgespec.runtime.backend import Backend, check_compatible, sync
+from edgespec.runtime.backend import MAX_OUTPUTS, Backend, check_compatible, sync
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
-MAX_DRAFT = 16  # room a draft model keeps for a proposal (the backends' MAX_OUTPUTS)
+MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
 
 class Drafter(Protocol):

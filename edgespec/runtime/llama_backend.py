@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Vocab, check_forward
+from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
 
-MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
 GGUF_MAGIC = b"GGUF"
 
 _llama = None  # the llama_cpp module, imported on first use

@@ -294,9 +294,3 @@ def read_onnx_info(folder: Path) -> ModelInfo:
                      n_ctx_train=config.get("max_position_embeddings", 0), tensors=tuple(tensors),
                      kv_dtype_bytes=_ONNX_TYPES.get(past, ("", 4))[1])
 
-
-def to_json(info: ModelInfo) -> dict:
-    return {"path": str(info.path), "format": info.format, "layers": info.n_layer, "embedding": info.n_embd,
-            "heads": info.n_head, "kv_heads": info.n_head_kv, "head_dim": info.head_dim, "vocab": info.n_vocab,
-            "train_context": info.n_ctx_train, "weight_bytes": info.weight_bytes}
-

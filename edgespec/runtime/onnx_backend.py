@@ -24,10 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Vocab, check_forward
+from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
 
 MODEL_FILE = "model.onnx"
-MAX_OUTPUTS = 16  # the most logits rows one forward may ask for: a verify pass of 15 drafts + 1
 PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
 # a 512-token prompt through SmolLM2-135M fp32 (2 CPU threads) takes 0.82-0.85 s in chunks of 128, 0.81 s of 256,
 # 0.95-1.0 s of 64

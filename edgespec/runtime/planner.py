@@ -21,17 +21,17 @@ import re
 from dataclasses import dataclass, field, replace
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import MAX_OUTPUTS
+from edgespec.runtime.drafts import MAX_DRAFT
+from edgespec.runtime.llama_backend import KV_BLOCKS  # module import only: llama_cpp loads on first use
 from edgespec.runtime.model_info import ModelInfo
-from edgespec.runtime.profiles import Profile
+from edgespec.runtime.profiles import GiB, Profile
 
-MiB, GiB = 2**20, 2**30
-KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values, bytes) per block: ggml's
+MiB = 2**20
 KV_CHOICES = tuple(KV_BLOCKS)  # best quality first
 UBATCHES = (512, 256, 128)  # prompt tokens per llama.cpp compute pass: the compute buffer scales with it
 DRAFT_WINDOWS = (1024, 512, 256)  # recent tokens a draft model reads
-DRAFT_MARGIN = 16  # room in the draft's context for what it drafts (MAX_OUTPUTS of the backends)
 DEFAULT_CTX, MIN_CTX, CTX_STEP = 2048, 256, 256  # llama.cpp rounds contexts up to a multiple of 256
-MAX_OUTPUTS = 16
 
 # measured here: interpreter + numpy + edgespec, the planner's own imports (gguf-py, psutil), then each
 # runtime library once imported
@@ -138,7 +138,8 @@ def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
 def compute_bytes(info: ModelInfo, n_ctx: int, n_ubatch: int) -> int:
     """llama.cpp's compute buffer: activations of a ubatch plus its f16 attention mask, or, for small
     ubatches, the graph of one decode step with MAX_OUTPUTS logits rows. Fitted to the sizes llama.cpp
-    logs ("compute buffer size") for three models of different shapes, within 0.3 MiB with an f16 KV cache;
+    logs ("compute buffer size") for three models of different shapes (tests/test_planner.py holds the default
+    model to 0.5 MiB of the log) with an f16 KV cache;
     a quantized one (flash attention) needs up to 1.1 MiB less, which this does not subtract."""
     per_token = max(4 * info.n_embd + 3 * info.n_ff, 5 * info.n_embd) * 4
     return max(n_ubatch * per_token + n_ctx * n_ubatch * 2, int(1.1 * MAX_OUTPUTS * info.n_vocab * 4))
@@ -248,7 +249,7 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
     runtime = runtime_bytes([m for m in (target, draft) if m], gpu_context, k_max, target.n_vocab)
     if drafter == "heads":  # the heads read the target's output layer from a float32 copy, in numpy
         runtime += target.n_vocab * target.n_embd * 4
-    draft_ctx = min(ctx, window) + DRAFT_MARGIN if window else 0
+    draft_ctx = min(ctx, window) + MAX_DRAFT if window else 0
 
     def needs(n_target_gpu: int, n_draft_gpu: int) -> list[ModelNeed]:
         out = [model_need("target", target, ctx, kv, ub, gpu, n_target_gpu, discrete)]
