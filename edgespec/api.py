@@ -22,6 +22,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import Backend
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
 from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
@@ -158,6 +159,12 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
                         "ONNX export folders")
 
 
+def heads_kind(draft) -> str | None:
+    """"medusa" or "eagle" for a heads file (by its name), else None."""
+    name = str(draft) if draft is not None else ""
+    return "medusa" if name.endswith(HEADS_SUFFIX) else "eagle" if name.endswith(EAGLE_SUFFIX) else None
+
+
 def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
              device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
              kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
@@ -173,13 +180,18 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
 
         target = default_target()
     kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
-            else "heads" if str(draft).endswith(HEADS_SUFFIX) else "model")
+            else "heads" if heads_kind(draft) else "model")
     target_info = read_model_info(target)
+    heads_bytes = None
+    if heads_kind(draft) == "eagle":
+        from edgespec.runtime.eagle import eagle_bytes
+
+        heads_bytes = eagle_bytes(draft, target_info.n_vocab)
     draft_info = read_model_info(draft) if kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
     return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
-                     kv_type=kv_type, drafter=kind, k_max=k_max)
+                     kv_type=kv_type, drafter=kind, k_max=k_max, heads_bytes=heads_bytes)
 
 
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
@@ -191,8 +203,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     Args:
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
         draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
-            target's vocabulary (the two may be of different formats), or Medusa heads trained for this
-            target (a *.medusa.npz file from edgespec train-heads; GGUF targets).
+            target's vocabulary (the two may be of different formats), or heads trained for this target
+            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets).
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
         threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
@@ -230,9 +242,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
         provider = provider or ("auto" if gpu_providers else "cpu")
     provider = provider or "cpu"
-    heads = draft is not None and str(draft).endswith(HEADS_SUFFIX)
+    heads = heads_kind(draft)
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=hidden or heads, **settings)
+                                hidden=hidden or heads is not None, **settings)
     draft_backend = drafter = None
     draft_cost = 0.0
     try:
@@ -240,7 +252,12 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             pass
         elif str(draft) == "ngram":
             drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
-        elif heads:
+        elif heads == "eagle":
+            from edgespec.runtime.eagle import EagleDrafter
+
+            drafter = EagleDrafter(draft, target_backend)
+            draft_cost = drafter.measure_cost()
+        elif heads == "medusa":
             from edgespec.runtime.heads import MedusaDrafter
 
             drafter = MedusaDrafter(draft, target_backend)

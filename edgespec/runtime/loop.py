@@ -152,7 +152,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             t2 = time.perf_counter()
             target.rollback(len(committed) + n_acc)
             if hasattr(drafter, "observe_target"):  # heads read the state that produced the committed token
-                drafter.observe_target(target, n_acc)
+                drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
 
             stats.target_passes += 1
             stats.draft_s += t1 - t0

@@ -197,13 +197,13 @@ def runtime_bytes(models: list[ModelInfo], gpu_context: int, k_max: int, n_vocab
 
 def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, budget: int | None = None,
               n_ctx: int | None = None, kv_type: str | None = None, drafter: str = "model",
-              k_max: int = 8) -> Plan:
+              k_max: int = 8, heads_bytes: int | None = None) -> Plan:
     """The best settings that fit `profile` (and `budget`, if given), or the plan closest to fitting,
     with suggestions, when nothing does (plan.fits is then False).
 
     n_ctx: fixed context (None: DEFAULT_CTX, halved while it does not fit). kv_type: fixed KV cache type
     (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (Medusa heads: they
-    keep a float32 copy of the target's output layer), "ngram" or "none".
+    keep a float32 copy of the target's output layer; or heads_bytes, what other heads hold), "ngram", "none".
     """
     if kv_type is not None and kv_type not in KV_BLOCKS:
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
@@ -220,7 +220,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
         for kv in kvs:
             for ub in UBATCHES:
                 for window in windows:
-                    plan = _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max)
+                    plan = _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max,
+                                  heads_bytes)
                     first = first or plan
                     if plan.fits and _all_on_gpu(plan):
                         return replace(plan, changes=_changes(first, plan))
@@ -230,8 +231,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     if best is not None:  # a discrete GPU that holds only part of the layers
         return replace(best, changes=_changes(first, best))
     smallest = _place(target, draft, profile, capacity, note, contexts[-1], kvs[-1], UBATCHES[-1], windows[-1],
-                      drafter, k_max)
-    suggestions = _suggest(target, draft, profile, capacity, contexts[-1], kvs[-1], drafter, k_max)
+                      drafter, k_max, heads_bytes)
+    suggestions = _suggest(target, draft, profile, capacity, contexts[-1], kvs[-1], drafter, k_max, heads_bytes)
     return replace(smallest, suggestions=tuple(suggestions))
 
 
@@ -242,13 +243,13 @@ def _halvings(ctx: int) -> list[int]:
     return out
 
 
-def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max) -> Plan:
+def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max, heads_bytes) -> Plan:
     """Needs at these settings; on a discrete GPU, the draft first, then as many target layers as fit VRAM."""
     gpu, discrete = profile.gpu, not profile.unified and profile.gpu is not None
     gpu_context = GPU_CONTEXT_BYTES.get(gpu, 0) if gpu and not discrete else 0  # discrete: counted in VRAM
     runtime = runtime_bytes([m for m in (target, draft) if m], gpu_context, k_max, target.n_vocab)
-    if drafter == "heads":  # the heads read the target's output layer from a float32 copy, in numpy
-        runtime += target.n_vocab * target.n_embd * 4
+    if drafter == "heads":  # Medusa heads read the target's output layer from a float32 copy, in numpy
+        runtime += target.n_vocab * target.n_embd * 4 if heads_bytes is None else heads_bytes
     draft_ctx = min(ctx, window) + MAX_DRAFT if window else 0
 
     def needs(n_target_gpu: int, n_draft_gpu: int) -> list[ModelNeed]:
@@ -295,13 +296,13 @@ def _changes(first: Plan, plan: Plan) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max) -> list[str]:
+def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max, heads_bytes) -> list[str]:
     """Changes that would fit, cheapest first: a smaller context, a smaller quantization, no draft model.
     The last two are tried at `ctx`, the smallest context the user's options allow."""
     out = []
 
     def fits(t, d, ctx, window, kind):
-        return _place(t, d, profile, capacity, "", ctx, kv, UBATCHES[-1], window, kind, k_max).fits
+        return _place(t, d, profile, capacity, "", ctx, kv, UBATCHES[-1], window, kind, k_max, heads_bytes).fits
 
     window = DRAFT_WINDOWS[-1] if draft is not None else None
     smaller_ctx = next((c for c in range(ctx - CTX_STEP, 0, -CTX_STEP) if fits(target, draft, c, window, drafter)),

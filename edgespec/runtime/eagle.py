@@ -1,0 +1,222 @@
+"""EAGLE head: a one-layer draft that reads the target's hidden states (Li et al. 2024, EAGLE-1).
+
+The head keeps a sequence of its own, one entry per position t of the text: entry t joins the
+target's final hidden state h_t (the state that produced token t+1) with the embedding of token t+1,
+z_t = fc([h_t; e(x_{t+1})]), and one Llama decoder layer (causal attention over earlier entries, with
+its own KV cache) and the target's final norm turn it into g_t, a guess at h_{t+1}. The target's
+output layer reads g_t as a distribution over token t+2. Drafting goes on from its own guesses:
+entry t+1 is (g_t, the drafted token), and so on; the guesses are dropped when the target has spoken.
+
+Positions where the target's state is unknown (the prompt, except its last token: a prefill returns no
+hidden rows) use a learned `no_feature` vector, at training and at run time alike, so the head still
+reads the prompt's tokens. The head's output covers a subset of the vocabulary (the tokens the target
+actually emits, from the training corpus): every other token gets draft probability 0, which the
+rejection rule handles like any other draft distribution, so verification stays exact; it makes a draft
+step cost ~1/6 of a full-vocabulary one.
+
+A heads file is .eagle.npz: the layer's weights (f16), `subset` (token ids), and a JSON `meta` with the
+target's vocabulary digest, width and attention shape. Layer weights follow GGUF's layout, and RoPE
+rotates adjacent pairs as ggml does for Llama, so the head can start from one of the target's layers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.sampling import sample, to_probs
+
+EAGLE_SUFFIX = ".eagle.npz"
+LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                 "ffn_down")  # GGUF names of one Llama block's tensors; out_norm is the target's output_norm
+WEIGHTS = ("fc_weight", "fc_bias", "no_feature", *LAYER_WEIGHTS, "out_norm")
+MAX_ENTRIES = 4096  # the head's cache; a longer text keeps its most recent entries
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+    """Rotary embedding of x [T, H, D] at positions [T], adjacent pairs (ggml's mode for Llama)."""
+    d = x.shape[-1]
+    angles = positions[:, None] * base ** (-np.arange(0, d, 2) / d)  # [T, D/2]
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+class EagleHead:
+    """The head's weights and its KV cache; `step` appends entries and returns their outputs g."""
+
+    def __init__(self, weights: dict[str, np.ndarray], meta: dict):
+        self.w = weights
+        self.n_head, self.n_head_kv = meta["n_head"], meta["n_head_kv"]
+        self.rope_base, self.eps = meta["rope_base"], meta["eps"]
+        n_embd = weights["attn_norm"].shape[0]
+        self.head_dim = n_embd // self.n_head
+        shape = (MAX_ENTRIES, self.n_head_kv, self.head_dim)
+        self.keys, self.values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        self.n = 0  # entries in the cache
+        self.positions = np.zeros(MAX_ENTRIES, np.int64)
+
+    def truncate(self, n: int) -> None:
+        self.n = min(self.n, n)
+
+    def step(self, features: np.ndarray, embeddings: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Append entries for features [T, E] + next-token embeddings [T, E] at positions [T]; g [T, E]."""
+        w, t = self.w, len(features)
+        if self.n + t > MAX_ENTRIES:  # keep the most recent half: older text matters least to a draft
+            keep = MAX_ENTRIES // 2
+            for a in (self.keys, self.values, self.positions):
+                a[:keep] = a[self.n - keep:self.n]
+            self.n = keep
+        x = np.concatenate([features, embeddings], axis=1) @ w["fc_weight"].T + w["fc_bias"]  # [T, E]
+        h = rms_norm(x, w["attn_norm"], self.eps)
+        q = rope((h @ w["attn_q"].T).reshape(t, self.n_head, self.head_dim), positions, self.rope_base)
+        k = rope((h @ w["attn_k"].T).reshape(t, self.n_head_kv, self.head_dim), positions, self.rope_base)
+        self.keys[self.n:self.n + t] = k
+        self.values[self.n:self.n + t] = (h @ w["attn_v"].T).reshape(t, self.n_head_kv, self.head_dim)
+        self.positions[self.n:self.n + t] = positions
+        self.n += t
+        keys, values = self.keys[:self.n], self.values[:self.n]  # [N, Hkv, D]
+        group = self.n_head // self.n_head_kv
+        q = q.reshape(t, self.n_head_kv, group, self.head_dim)
+        scores = np.einsum("tkgd,nkd->kgtn", q, keys) / np.sqrt(self.head_dim)  # [Hkv, G, T, N]
+        causal = np.arange(self.n)[None, :] > (self.n - t + np.arange(t))[:, None]  # [T, N]: later entries
+        scores[..., causal] = -np.inf
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        scores /= scores.sum(axis=-1, keepdims=True)
+        attn = np.einsum("kgtn,nkd->tkgd", scores, values).reshape(t, -1)  # [T, E]
+        x = x + attn @ w["attn_output"].T
+        h = rms_norm(x, w["ffn_norm"], self.eps)
+        gate = h @ w["ffn_gate"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * (h @ w["ffn_up"].T)) @ w["ffn_down"].T
+        return rms_norm(x, w["out_norm"], self.eps)  # normed like the target's states, which g stands in for
+
+
+def save_eagle(path: str | os.PathLike, weights: dict[str, np.ndarray], subset: np.ndarray, meta: dict) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial.npz")
+    np.savez(tmp, subset=subset.astype(np.int32), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+             **{name: weights[name].astype(np.float16) for name in WEIGHTS})
+    os.replace(tmp, path)
+    return path
+
+
+def load_eagle(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarray, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgespecError(f"EAGLE head file not found: {path}")
+    try:
+        z = np.load(path)
+        weights = {name: z[name].astype(np.float32) for name in WEIGHTS}
+        subset, meta = z["subset"].astype(np.int64), json.loads(bytes(z["meta"]).decode())
+        n_embd = weights["attn_norm"].shape[0]
+        if weights["fc_weight"].shape != (n_embd, 2 * n_embd) or n_embd % meta["n_head"] or subset.ndim != 1:
+            raise ValueError(f"fc weight {weights['fc_weight'].shape} for width {n_embd}, {meta['n_head']} heads")
+    except (OSError, ValueError, KeyError) as e:
+        raise EdgespecError(f"{path} is not an EAGLE head written by edgespec train-heads ({e})") from None
+    return weights, subset, meta
+
+
+def eagle_bytes(path: str | os.PathLike, n_vocab: int) -> int:
+    """What an EAGLE drafter holds in memory: the target's embeddings and the subset's output rows in float32,
+    the head's weights in float32 and its cache (the memory planner's figure; read from the file's headers)."""
+    with np.load(path) as z:
+        shapes = {name: z[name].shape for name in ("subset", *WEIGHTS)}  # npz members load one at a time
+    n_embd = shapes["attn_norm"][0]
+    weights = sum(int(np.prod(shapes[name])) for name in WEIGHTS)
+    cache = 2 * MAX_ENTRIES * shapes["attn_k"][0]
+    return 4 * ((n_vocab + shapes["subset"][0]) * n_embd + weights + cache)
+
+
+class EagleDrafter:
+    """Drafts a chain from the EAGLE head; see the module docstring."""
+
+    def __init__(self, path: str | os.PathLike, target, embeddings: np.ndarray | None = None):
+        """embeddings: the target's token embeddings [V, E] (tied to its output layer); default: from its GGUF."""
+        from edgespec.runtime.heads import output_matrix
+
+        weights, self.subset, self.meta = load_eagle(path)
+        if not getattr(target, "hidden", False):
+            raise EdgespecError("an EAGLE head reads the target's hidden states: open the target with hidden=True "
+                                "(edgespec.load does this for a heads draft)")
+        if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
+            raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
+                                f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
+                                f"{target.n_embd}")
+        self.embeddings = output_matrix(target.path) if embeddings is None else embeddings  # [V, E]
+        self.output = np.ascontiguousarray(self.embeddings[self.subset])  # [S, E]
+        self.n_vocab = self.embeddings.shape[0]
+        self.head = EagleHead(weights, self.meta)
+        self.no_feature = weights["no_feature"]
+        self.name = f"eagle:{Path(path).name}"
+        self.reset()
+
+    def reset(self) -> None:
+        self.head.truncate(0)
+        self.context: list[int] = []  # the committed tokens the head's cache has entries for (all but the last)
+        self.features: dict[int, np.ndarray] = {}  # position -> the target's hidden state there, not yet read
+        self.last_g: np.ndarray | None = None  # the output of the newest committed entry
+
+    def observe_target(self, target, n_accepted: int, position: int) -> None:
+        """After a verify pass whose first row sat at `position`: keep the rows for the committed tokens."""
+        rows = getattr(target, "last_hidden", None)
+        if rows is not None:
+            for i in range(n_accepted + 1):
+                self.features[position + i] = rows[i]
+
+    def _commit(self, context: list[int]) -> None:
+        """Entries for positions len(self.context)-1 .. len(context)-2 (each pairs a state with the next token)."""
+        if context[:len(self.context)] != self.context:  # another text: start over
+            self.head.truncate(0)
+            self.context, self.last_g = [], None
+        first, last = max(len(self.context) - 1, 0), len(context) - 1  # the new entries' positions, last exclusive
+        if first < last:
+            positions = np.arange(first, last)
+            features = np.stack([self.features.pop(int(p), self.no_feature) for p in positions]).astype(np.float32)
+            g = self.head.step(features, self.embeddings[context[first + 1:last + 1]], positions)
+            self.last_g = g[-1]
+        self.context = list(context)
+        self.features = {p: f for p, f in self.features.items() if p >= last}
+
+    def propose(self, context, k, params, rng):
+        if k == 0 or len(context) < 2:
+            return [], np.empty((0, self.n_vocab))
+        self._commit(context)
+        n_committed = self.head.n
+        drafts, probs = [], np.zeros((k, self.n_vocab))
+        g = self.last_g
+        for i in range(k):
+            probs[i, self.subset] = to_probs(g[None, :] @ self.output.T, params)[0]  # [S] into [V]
+            token = sample(probs[i], rng)
+            drafts.append(token)
+            if i + 1 < k:
+                g = self.head.step(g[None, :], self.embeddings[[token]], np.array([len(context) - 1 + i]))[0]
+        self.head.truncate(n_committed)
+        return drafts, probs
+
+    def measure_cost(self, reps: int = 5, k: int = 4) -> float:
+        """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
+        import time
+
+        from edgespec.runtime.sampling import SamplingParams
+
+        context = [int(t) for t in self.subset[:16]]
+        times = []
+        for _ in range(reps):
+            self.reset()
+            self._commit(context)
+            t = time.perf_counter()
+            self.propose(context, k, SamplingParams(), np.random.default_rng(0))
+            times.append(time.perf_counter() - t)
+        self.reset()
+        return sorted(times)[reps // 2] / k

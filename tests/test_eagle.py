@@ -1,0 +1,163 @@
+"""EAGLE head: training matches drafting, exact output on a fake target, real training and a real pair."""
+
+import numpy as np
+import pytest
+from fake import EOS, FakeBackend, random_table
+from stats_util import ALPHA, goodness_of_fit
+from test_loop import markov_law, run, tokens_of
+from test_verify import without_residual
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime import loop as loop_module
+from edgespec.runtime.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
+from edgespec.runtime.sampling import SamplingParams
+
+V, E = 5, 6  # E even: RoPE rotates pairs
+
+
+def random_head(rng, n_embd, n_head=1, n_head_kv=1, n_ff=8):
+    d = n_embd // n_head
+    shapes = {"fc_weight": (n_embd, 2 * n_embd), "fc_bias": (n_embd,), "no_feature": (n_embd,),
+              "attn_norm": (n_embd,), "attn_q": (n_embd, n_embd), "attn_k": (n_head_kv * d, n_embd),
+              "attn_v": (n_head_kv * d, n_embd), "attn_output": (n_embd, n_embd), "ffn_norm": (n_embd,),
+              "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd), "ffn_down": (n_embd, n_ff), "out_norm": (n_embd,)}
+    weights = {k: rng.normal(scale=0.5, size=s).astype(np.float32) for k, s in shapes.items()}
+    meta = {"n_head": n_head, "n_head_kv": n_head_kv, "rope_base": 100.0, "eps": 1e-5}
+    return weights, meta
+
+
+class HiddenFake(FakeBackend):
+    """A fake target whose hidden state at a position is its logits row there, padded to E."""
+
+    hidden, path, n_embd = True, None, E
+
+    def forward(self, tokens, n_logits):
+        rows = super().forward(tokens, n_logits)
+        self.last_hidden = np.pad(rows, ((0, 0), (0, E - V))).astype(np.float32) if n_logits else None
+        return rows
+
+
+def head_file(tmp_path, target, subset, seed=0, name="t.eagle.npz", digest=None):
+    weights, meta = random_head(np.random.default_rng(seed), E)
+    return save_eagle(tmp_path / name, weights, np.asarray(subset),
+                      {**meta, "vocab_digest": digest or target.vocab.digest, "n_embd": E})
+
+
+def test_training_replays_drafting_exactly():
+    """The torch head's step s at position t equals drafting s tokens with the runtime head from the real
+    entries before t-s+2: training-time test trains what runs."""
+    torch = pytest.importorskip("torch")
+    from edgespec.models.eagle import _torch_head
+
+    rng = np.random.default_rng(1)
+    weights, meta = random_head(rng, 16, n_head=4, n_head_kv=2, n_ff=24)
+    t, first_real = 12, 3
+    feats, embs = rng.normal(size=(t, 16)).astype(np.float32), rng.normal(size=(t, 16)).astype(np.float32)
+    real = torch.zeros(1, t, dtype=torch.bool)
+    real[0, first_real:] = True
+    with torch.no_grad():
+        outs = _torch_head(torch, weights, meta)(torch.from_numpy(feats)[None], torch.from_numpy(embs)[None], real,
+                                                 torch.ones(1, t, dtype=torch.bool), 3)
+    head = EagleHead(weights, meta)
+    np.testing.assert_allclose(head.step(feats, embs, np.arange(t)), outs[0][0].numpy(), atol=2e-4)
+    for s in (2, 3):
+        for pos in (first_real + s - 1, 8, t - 1):
+            head.truncate(0)
+            last = pos - s + 1  # the last real entry of this chain
+            g = head.step(feats[:last + 1], embs[:last + 1], np.arange(last + 1))[-1]
+            for p in range(last + 1, pos + 1):
+                g = head.step(g[None], embs[[p]], np.array([p]))[0]
+            np.testing.assert_allclose(g, outs[s - 1][0, pos].numpy(), atol=2e-4)
+
+
+def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path):
+    """Through the loop's hooks the head's cache holds, for every position, the target's state (or the
+    no-feature vector in the prompt) with the next token: the same as one pass over the whole text."""
+    target = HiddenFake(random_table(np.random.default_rng(0), V))
+    path = head_file(tmp_path, target, range(V))
+    drafter = EagleDrafter(path, target, embeddings=np.random.default_rng(2).normal(size=(V, E)).astype(np.float32))
+    prompt, rounds = [1, 2, 3], [([4], 1, 2), ([1, 1], 0, 3), ([], 0, 4)]  # (drafts proposed, accepted, new token)
+    context, states = list(prompt), {}
+    for drafts, n_acc, token in rounds:
+        drafter.propose(context, max(len(drafts), 1), SamplingParams(), np.random.default_rng(0))
+        target.last_hidden = np.random.default_rng(len(context)).normal(size=(1 + len(drafts), E))  # the pass's rows
+        drafter.observe_target(target, n_acc, len(context) - 1)
+        for i in range(n_acc + 1):
+            states[len(context) - 1 + i] = target.last_hidden[i]
+        context += drafts[:n_acc] + [token]
+    drafter.propose(context, 1, SamplingParams(), np.random.default_rng(0))
+    features = np.stack([states.get(p, drafter.no_feature) for p in range(len(context) - 1)]).astype(np.float32)
+    weights, _, meta = load_eagle(path)
+    expected = EagleHead(weights, meta).step(features, drafter.embeddings[context[1:]], np.arange(len(context) - 1))
+    assert len(states) == 4 and min(states) == len(prompt) - 1  # real states from the prompt's last token on
+    np.testing.assert_allclose(drafter.last_g, expected[-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
+                                            (SamplingParams(temperature=0.8, top_p=0.9), False),
+                                            (SamplingParams(temperature=1.0), True)])
+def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, broken):
+    """Four tokens from the loop drafted by a random EAGLE head whose output leaves out token 3 (draft
+    probability 0 there): their joint law is the target chain's; not once the residual step is removed."""
+    rng = np.random.default_rng(7)
+    table = random_table(rng, V, 1.5)
+    table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(loop_module, "verify", without_residual)
+    target = HiddenFake(table)
+    drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
+                           embeddings=rng.normal(size=(V, E)).astype(np.float32))
+    draws, drafted = [], 0
+    for seed in range(6000):
+        events, stats = run(target, drafter, [1], max_tokens=4, draft_max=3, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+        drafted += stats.drafted
+    assert drafted > 6000
+    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
+    assert (p < ALPHA) == broken, p
+
+
+def test_eagle_files_are_checked(tmp_path):
+    target = HiddenFake(random_table(np.random.default_rng(0), V))
+    embeddings = np.zeros((V, E), np.float32)
+    path = head_file(tmp_path, target, range(V))
+    weights, subset, meta = load_eagle(path)
+    assert set(weights) == set(WEIGHTS) and list(subset) == list(range(V)) and meta["n_embd"] == E
+    other = head_file(tmp_path, target, range(V), name="o.eagle.npz", digest="0" * 16)
+    with pytest.raises(EdgespecError, match="trained for another target"):
+        EagleDrafter(other, target, embeddings=embeddings)
+    (tmp_path / "bad.eagle.npz").write_bytes(b"not a zip")
+    with pytest.raises(EdgespecError, match="not an EAGLE head"):
+        load_eagle(tmp_path / "bad.eagle.npz")
+    with pytest.raises(EdgespecError, match="not found"):
+        load_eagle(tmp_path / "missing.eagle.npz")
+    with pytest.raises(EdgespecError, match="hidden"):
+        EagleDrafter(path, FakeBackend(random_table(np.random.default_rng(0), V)), embeddings=embeddings)
+
+
+@pytest.mark.slow
+def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(default_gguf, default_corpus,
+                                                                               tmp_path):
+    from edgespec.api import load, plan_for
+    from edgespec.models.corpus import read_corpus
+    from edgespec.models.eagle import fit_eagle
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    _, seqs = read_corpus(default_corpus)
+    backend = LlamaBackend(default_gguf, n_ctx=16)
+    meta = {"vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}
+    backend.close()
+    path = tmp_path / "d.eagle.npz"
+    report = fit_eagle(default_gguf, seqs, path, meta, subset_size=2048, epochs=3, steps=2, lr=1e-3, batch=1,
+                       holdout=0.34, progress=False)
+    assert report["epochs"][-1]["loss"] < report["epochs"][0]["loss"]
+    engine = load(default_gguf, path, n_ctx=512)
+    assert engine.drafter.name == "eagle:d.eagle.npz"
+    for prompt in ("Say hello.", "Name three colors."):
+        base = engine.generate(prompt, max_tokens=24, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=24, draft_max=3)
+        assert spec.tokens == base.tokens and spec.stats.drafted > 0
+    ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
+    planned = plan_for(default_gguf, path, device="rpi5-8gb")
+    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == eagle_bytes(path, 49152)
+    assert eagle_bytes(path, 49152) > (49152 + 2048) * 576 * 4
