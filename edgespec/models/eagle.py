@@ -183,7 +183,7 @@ def _targets(torch, seqs: list[Sequence], rows: np.ndarray, subset_index: np.nda
 
 
 def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str, np.ndarray], meta: dict, *,
-                subset: np.ndarray, steps: int = 3, epochs: int = 4, lr: float = 3e-4, batch: int = 8,
+                subset: np.ndarray, steps: int = 3, epochs: int = 4, lr: float = 1e-3, batch: int = 2,
                 feature_weight: float = 0.1, holdout: float = 0.1, seed: int = 0, progress: bool = True):
     """Trained weights (GGUF layout, float32) and a report with held-out top-1 agreement per draft step.
 
@@ -240,6 +240,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
                    f"{report['initial_agreement']}")
     by_length = sorted(range(len(train_seqs)), key=lambda i: len(train_seqs[i].tokens))  # little padding
     batches = [by_length[i:i + batch] for i in range(0, len(by_length), batch)]
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(batches))
     for epoch in range(epochs):
         t0, losses = time.perf_counter(), []
         for n, b in enumerate(rng.permutation(len(batches))):
@@ -247,6 +248,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             losses.append(loss.item())
             if progress and n % 20 == 0:
                 say(progress, f"  epoch {epoch + 1} batch {n}/{len(batches)} loss {np.mean(losses[-20:]):.3f}")

@@ -45,7 +45,7 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
     """Rotary embedding of x [T, H, D] at positions [T], adjacent pairs (ggml's mode for Llama)."""
     d = x.shape[-1]
     angles = positions[:, None] * base ** (-np.arange(0, d, 2) / d)  # [T, D/2]
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    cos, sin = np.cos(angles)[:, None, :].astype(x.dtype), np.sin(angles)[:, None, :].astype(x.dtype)  # float32
     even, odd = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin
@@ -89,7 +89,7 @@ class EagleHead:
         keys, values = self.keys[:self.n], self.values[:self.n]  # [N, Hkv, D]
         group = self.n_head // self.n_head_kv
         q = q.reshape(t, self.n_head_kv, group, self.head_dim)
-        scores = np.einsum("tkgd,nkd->kgtn", q, keys) / np.sqrt(self.head_dim)  # [Hkv, G, T, N]
+        scores = np.einsum("tkgd,nkd->kgtn", q, keys) * self.head_dim ** -0.5  # [Hkv, G, T, N], float32
         causal = np.arange(self.n)[None, :] > (self.n - t + np.arange(t))[:, None]  # [T, N]: later entries
         scores[..., causal] = -np.inf
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -143,7 +143,7 @@ class EagleDrafter:
 
     def __init__(self, path: str | os.PathLike, target, embeddings: np.ndarray | None = None):
         """embeddings: the target's token embeddings [V, E] (tied to its output layer); default: from its GGUF."""
-        from edgespec.runtime.heads import output_matrix
+        from edgespec.runtime.heads import one_blas_thread, output_matrix
 
         weights, self.subset, self.meta = load_eagle(path)
         if not getattr(target, "hidden", False):
@@ -157,6 +157,7 @@ class EagleDrafter:
         self.output = np.ascontiguousarray(self.embeddings[self.subset])  # [S, E]
         self.n_vocab = self.embeddings.shape[0]
         self.head = EagleHead(weights, self.meta)
+        one_blas_thread()
         self.no_feature = weights["no_feature"]
         self.name = f"eagle:{Path(path).name}"
         self.reset()
