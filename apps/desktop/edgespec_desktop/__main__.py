@@ -1,0 +1,5 @@
+import sys
+
+from edgespec_desktop.app import main
+
+sys.exit(main())
