@@ -31,6 +31,8 @@ def catch_up(drafter: Drafter, context: list[int]) -> None:
     proposing is k steps and not the tokens it missed while the loop did not draft."""
     if isinstance(drafter, ModelDrafter):
         sync(drafter.backend, drafter.visible(context)[:-1], 0)
+    elif hasattr(drafter, "catch_up"):  # e.g. an EAGLE head's own cache
+        drafter.catch_up(context)
 
 
 class ModelDrafter:

@@ -189,6 +189,12 @@ class EagleDrafter:
         self.context = list(context)
         self.features = {p: f for p, f in self.features.items() if p >= last}
 
+    def catch_up(self, context: list[int]) -> None:
+        """Entries for all of `context` but its last token (the loop's catch_up, untimed for the controller):
+        proposing then costs one entry plus k steps, however long the loop went without drafting."""
+        if len(context) > 2:
+            self._commit(context[:-1])
+
     def propose(self, context, k, params, rng):
         if k == 0 or len(context) < 2:
             return [], np.empty((0, self.n_vocab))
