@@ -456,3 +456,35 @@ def default_checkpoint(out):
     from edgespec.models.smollm2 import build_checkpoint
 
     click.echo(build_checkpoint(out))
+
+
+@main.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (0.0.0.0 exposes the server to the network: set --api-key then)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 requests [env EDGESPEC_API_KEY]")
+@click.option("-n", "--max-tokens", "default_max_tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="Tokens per answer when a request does not say")
+def serve(load_engine, host, port, api_key, default_max_tokens):
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health).
+
+    One model pair, loaded once; requests are answered one at a time, in order.
+    """
+    try:
+        from edgespec.server import serve as run_server
+    except ImportError as e:
+        raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
+            from None
+    _status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    _status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+    try:
+        run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens)
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
