@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
-EXTRAS ?= gguf,demo,dev,export,onnx,serve,desktop
+EXTRAS ?= gguf,demo,dev,export,onnx,serve,desktop,grammar
 # without an NVIDIA GPU, take torch's CPU wheel; an unpinned torch would pull a CUDA build of several GB
 TORCH_CPU ?= torch==2.13.0
 PAIR_DIR ?= models

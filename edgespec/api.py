@@ -81,6 +81,7 @@ class Engine:
         self.draft_backend = draft_backend
         self.plan = plan  # the memory plan it was loaded with (runtime.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
+        self._grammar_tokenizer = None  # llguidance's view of the vocabulary, built on first use (~1 s)
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
@@ -95,7 +96,8 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: Sequence[str] = (), chat: bool | None = None, draft_max: int | None = None) -> Stream:
+               stop: Sequence[str] = (), chat: bool | None = None, draft_max: int | None = None,
+               json_schema: dict | str | None = None) -> Stream:
         """Start generating; see `generate` for the arguments. Iterate the result for Events.
 
         An engine runs one generation at a time: starting a stream closes the one before it.
@@ -104,10 +106,18 @@ class Engine:
         if draft_max is not None and not 0 <= draft_max <= 15:
             raise EdgespecError(f"draft max must be between 0 and 15, got {draft_max}")
         tokens = self.prompt_tokens(prompt, chat=chat)
+        constraint = None
+        if json_schema is not None:
+            from edgespec.runtime.constraint import GrammarConstraint, llg_tokenizer
+
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = llg_tokenizer(self.target)
+            constraint = GrammarConstraint.from_json_schema(self._grammar_tokenizer, json_schema,
+                                                            self.target.vocab.n_vocab)
         stats = Stats()
         events = speculate(self.target, self.drafter, self.controller, tokens, params,
                            np.random.default_rng(seed), max_tokens=max_tokens, stop=stop,
-                           draft_max=draft_max, stats=stats)
+                           draft_max=draft_max, stats=stats, constraint=constraint)
         if self._active is not None:  # its rounds would interleave with ours on the same cache
             self._active.close()
         self._active = Stream(events, stats)
@@ -123,6 +133,8 @@ class Engine:
             stop: strings that end the answer (not included). chat: apply the model's chat
                 template to a string prompt (default True). draft_max: fix the draft length
                 (0 = target only) instead of letting the measured costs choose it.
+            json_schema: constrain the answer to JSON valid against this schema (a dict, JSON text or a
+                file path); the output is then distributed exactly as the target under that constraint.
         """
         stream = self.stream(prompt, **kwargs)
         for _ in stream:

@@ -61,7 +61,9 @@ class ModelDrafter:
             self._start = len(context) - (n_ctx - room) // 2
         return context[self._start:]
 
-    def propose(self, context, k, params, rng):
+    grammar_aware = True  # proposes from its distribution masked by a constraint, when given one
+
+    def propose(self, context, k, params, rng, constraint=None):
         seen = self.visible(context)
         k = min(k, self.backend.n_ctx - len(seen))
         if k <= 0:
@@ -69,14 +71,23 @@ class ModelDrafter:
         logits = sync(self.backend, seen, 1)[0]  # [V]
         tokens, rows = [], []
         eog = self.backend.vocab.eog_ids
+        consumed = 0  # tokens the constraint advanced by, undone at the end
         while True:
+            if constraint is not None:  # the grammar's mask before sampling, as the loop does for the target
+                logits = np.where(constraint.allowed(), logits, -np.inf)
             probs = to_probs(logits, params)  # [V]
             token = sample(probs, rng)
             tokens.append(token)
             rows.append(probs)
+            if constraint is not None:
+                if not constraint.consume(token):
+                    break
+                consumed += 1
             if len(tokens) == k or token in eog:  # nothing worth drafting past the end
                 break
             logits = self.backend.forward([token], 1)[0]
+        if constraint is not None:
+            constraint.rollback(consumed)
         return tokens, np.stack(rows)
 
 

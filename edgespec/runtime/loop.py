@@ -17,6 +17,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import Backend, sync
+from edgespec.runtime.constraint import Constraint, restrict
 from edgespec.runtime.cost import DraftController
 from edgespec.runtime.drafts import Drafter, catch_up
 from edgespec.runtime.sampling import SamplingParams, to_probs
@@ -92,12 +93,15 @@ def speculate(
     stop: Sequence[str] = (),
     draft_max: int | None = None,
     stats: Stats | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Event]:
     """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
 
     draft_max fixes the draft length (0 = target only); None lets the controller choose each round.
+    constraint: a grammar over the answer (runtime/constraint.py), fresh; the loop advances it.
 
-    Output is distributed exactly as target-only sampling with `params`, whatever the drafter.
+    Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
+    whatever the drafter.
     Fills `stats` (pass one in to read it afterwards), including the reason generation ended.
     """
     stats = stats if stats is not None else Stats()
@@ -108,10 +112,11 @@ def speculate(
     if len(prompt) >= target.n_ctx:
         raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
                             "shorten the prompt or raise --ctx")
-    return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats)
+    return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
+                   constraint)
 
 
-def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats):
+def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint):
     """The generator behind `speculate`, which validated its arguments eagerly."""
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
@@ -142,9 +147,17 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 catch_up(drafter, committed)
                 stats.draft_s += time.perf_counter() - t
             t0 = time.perf_counter()
-            drafts, draft_probs = drafter.propose(committed, k, params, rng) if k > 0 else ([], None)
+            drafts, draft_probs = [], None
+            if k > 0:
+                grammar = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
+                drafts, draft_probs = drafter.propose(committed, k, params, rng, **grammar)
+            allowed = None
+            if constraint is not None:
+                drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
             t1 = time.perf_counter()
             logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
+            if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
+                logits = np.where(allowed, logits, -np.inf)
             target_probs = to_probs(logits, params)  # [k+1, V]
             if not drafts:  # k = 0 is the same rule with nothing to accept: a plain target sample
                 draft_probs = target_probs[:0]
@@ -172,6 +185,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
 
             for i, tok in enumerate([*drafts[:n_acc], token]):
                 committed.append(tok)
+                if constraint is not None:
+                    constraint.consume(tok)
                 if tok in eog:
                     stats.finish_reason = "stop"
                     break
@@ -191,3 +206,20 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
         stats.decode_s += time.perf_counter() - t_decode
+
+
+def _constrain(constraint, drafts, draft_probs):
+    """Cut the draft at its first token the grammar forbids; mask and renormalise the draft rows kept; the
+    allowed sets for the k+1 target rows [k+1, V]. The constraint is left where it was."""
+    allowed = [constraint.allowed()]
+    kept = 0
+    for token in drafts:
+        if not allowed[-1][token] or not constraint.consume(token):
+            break
+        kept += 1
+        allowed.append(constraint.allowed())
+    constraint.rollback(kept)
+    allowed = np.stack(allowed)  # [kept+1, V]
+    if draft_probs is not None:
+        draft_probs = restrict(draft_probs[:kept], allowed[:kept])
+    return drafts[:kept], draft_probs, allowed
