@@ -37,21 +37,29 @@ def read_prompts(path: str | Path | None) -> list[dict]:
 
 
 def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperature: float = 0.0,
-              draft_max: int | None = None, progress: bool = False) -> dict:
-    """Run every prompt target-only and speculatively; return the report (see format_report)."""
+              draft_max: int | None = None, progress: bool = False, json_schema: dict | None = None,
+              grammar_drafts: bool = True) -> dict:
+    """Run every prompt target-only and speculatively; return the report (see format_report).
+
+    json_schema: constrain every answer to it (both modes). grammar_drafts=False: a draft model drafts as if
+    there were no grammar (its drafts are cut at the first forbidden token), to measure what drafting under
+    the grammar gains."""
     if engine.drafter is None:
         raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
     totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "prefill": {"base": 0.0, "spec": 0.0},
                                   "drafted": 0, "accepted": 0, "draft_s": 0.0, "target_s": 0.0, "passes": 0,
                                   "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0})
     modes = {"base": 0, "spec": draft_max}
+    aware = getattr(engine.drafter, "grammar_aware", False)
+    if aware and not grammar_drafts:
+        engine.drafter.grammar_aware = False  # this engine's drafter, for this bench
     bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
     for i, row in enumerate(prompts):
         order = ["base", "spec"] if i % 2 == 0 else ["spec", "base"]
         outputs = {}
         for mode in order:
             result = engine.generate(row["prompt"], max_tokens=max_tokens, temperature=temperature,
-                                     seed=i, draft_max=modes[mode])
+                                     seed=i, draft_max=modes[mode], json_schema=json_schema)
             outputs[mode] = result
         for cat in (row["cat"], "overall"):
             t = totals[cat]
@@ -96,7 +104,9 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     overall = categories.pop("overall")
     return {
         "target": engine.target.name,
-        "draft": engine.drafter.name,
+        "draft": engine.drafter.name + (" (grammar-unaware)" if json_schema and aware and not grammar_drafts
+                                        else ""),
+        "json_schema": json_schema is not None,
         "max_tokens": max_tokens,
         "temperature": temperature,
         "draft_max": draft_max,

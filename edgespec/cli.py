@@ -119,15 +119,17 @@ def describe(engine: Engine) -> str:
 @model_options
 @sampling_options
 @click.option("--chat/--raw", default=True, show_default=True, help="Apply the model's chat template")
+@click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
+              help="Constrain the answer to JSON valid against this schema (exact for the constrained target)")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token ids, stats")
-def generate(prompt, load_engine, chat, as_json, **sampling):
+def generate(prompt, load_engine, chat, schema_file, as_json, **sampling):
     """Generate a continuation of PROMPT, streaming it to stdout."""
     if not as_json:
         _status("loading models and measuring draft costs ...")
     engine = load_engine()
     if not as_json:
         _status(describe(engine))
-    stream = engine.stream(prompt, chat=chat, **sampling)
+    stream = engine.stream(prompt, chat=chat, json_schema=read_schema(schema_file), **sampling)
     if as_json:
         for _ in stream:
             pass
@@ -137,6 +139,17 @@ def generate(prompt, load_engine, chat, as_json, **sampling):
         click.echo(event.text, nl=False)
     click.echo()
     _status(_summary(stream.stats))
+
+
+def read_schema(path: str | None) -> dict | None:
+    """A JSON schema file's contents (None for no file), with one clear error when it is not JSON."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"cannot read the JSON schema {path}: {e}") from None
 
 
 def _summary(stats) -> str:
@@ -216,12 +229,23 @@ def chat(load_engine, system, **sampling):
               help="Fix the speculative draft length [default: chosen from measured costs]")
 @click.option("--also", "also", multiple=True,
               help="Another draft to bench on the same prompts (repeatable): drafts side by side per category")
+@click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable)")
+@click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
+              help="Constrain every answer to JSON valid against this schema (e.g. edgespec/data/robot.schema.json)")
+@click.option("--grammar-unaware", is_flag=True,
+              help="With --json-schema: a draft model drafts as if there were no grammar (to compare)")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
-def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, as_json):
+def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, categories, schema_file,
+          grammar_unaware, as_json):
     """Target-only vs speculative decoding, side by side in one process, per category."""
     from edgespec.bench import format_comparison, format_report, read_prompts, run_bench
 
     prompts = read_prompts(prompts_file)
+    if categories:
+        prompts = [p for p in prompts if p["cat"] in categories]
+        if not prompts:
+            raise EdgespecError(f"no prompts in the categories {', '.join(categories)}")
+    schema = read_schema(schema_file)
     reports = []
     for other in (None, *also):  # one draft at a time: a single loaded pair in memory
         if not as_json:
@@ -229,7 +253,8 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, a
         engine: Engine = load_engine(other)
         try:
             reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
-                                     draft_max=draft_max, progress=not as_json and sys.stderr.isatty()))
+                                     draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),
+                                     json_schema=schema, grammar_drafts=not grammar_unaware))
         finally:
             engine.close()
         if not as_json:

@@ -1,6 +1,7 @@
 """The CLI through click's CliRunner, on the default model."""
 
 import json
+from importlib import resources
 
 import pytest
 from click.testing import CliRunner
@@ -124,3 +125,26 @@ def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
     assert ngram["overall"]["draft_step_cost"] < 0.1
     text = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "8", "--also", "none"])
     assert text.exit_code == 1 and "compares against a draft" in text.output
+
+
+def test_json_schema_constrains_generate_and_bench(runner, tmp_path, q4_0_gguf):
+    schema = str(resources.files("edgespec").joinpath("data/robot.schema.json"))
+    result = runner.invoke(main, ["generate", "Return a JSON command for: turn left.", "--json-schema", schema,
+                                  "-n", "48", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(json.loads(result.output)["text"])["action"] in ("move", "turn", "pick", "place", "stop")
+    reports = []
+    for extra in ([], ["--grammar-unaware"]):
+        result = runner.invoke(main, ["bench", "--draft", str(q4_0_gguf), "--category", "robot", "--json-schema",
+                                      schema, "-n", "32", "--draft-max", "3", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.stdout))
+    aware, unaware = reports
+    assert unaware["draft"].endswith("(grammar-unaware)") and aware["json_schema"]
+    assert aware["overall"]["identical_outputs"] == unaware["overall"]["identical_outputs"] == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = runner.invoke(main, ["generate", "hi", "--json-schema", str(bad)])
+    assert result.exit_code == 1 and "cannot read the JSON schema" in result.output
+    result = runner.invoke(main, ["bench", "--category", "nope"])
+    assert result.exit_code == 1 and "no prompts in the categories nope" in result.output

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -92,17 +93,7 @@ def test_constrained_output_follows_the_constrained_target(monkeypatch, kind, br
     assert (p < ALPHA) == broken, p
 
 
-ROBOT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "action": {"type": "string", "enum": ["move", "turn", "pick", "place", "stop"]},
-        "distance_m": {"type": "number"},
-        "object": {"type": "string", "maxLength": 40},
-        "location": {"type": "string", "maxLength": 40},
-    },
-    "required": ["action"],
-    "additionalProperties": False,
-}
+ROBOT_SCHEMA = json.loads(resources.files("edgespec").joinpath("data/robot.schema.json").read_text())
 
 
 @pytest.mark.slow
