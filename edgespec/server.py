@@ -78,15 +78,25 @@ class Sampling(BaseModel):
             return "logprobs are not supported"
         if self.tools:
             return "tools are not supported"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return f"response_format {self.response_format.get('type')!r} is not supported (only text)"
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            return f"response_format {kind!r} is not supported (text, json_object, json_schema)"
+        if kind == "json_schema" and not isinstance((self.response_format.get("json_schema") or {}).get("schema"),
+                                                     dict):
+            return "response_format json_schema needs json_schema.schema, a JSON schema object"
         return None
+
+    def schema(self) -> dict | None:
+        """The JSON schema the answer is constrained to (json_object: any object), if any."""
+        kind = (self.response_format or {}).get("type", "text")
+        return ({"type": "object"} if kind == "json_object" else
+                self.response_format["json_schema"]["schema"] if kind == "json_schema" else None)
 
     def engine_args(self, default_max_tokens: int) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return {"max_tokens": self.max_completion_tokens or self.max_tokens or default_max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "seed": self.seed, "stop": stop, "draft_max": self.draft_max}
+                "seed": self.seed, "stop": stop, "draft_max": self.draft_max, "json_schema": self.schema()}
 
 
 class ChatRequest(Sampling):

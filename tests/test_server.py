@@ -93,7 +93,8 @@ def test_completions_and_models(client, server):
 
 
 @pytest.mark.parametrize("extra, words", [({"n": 2}, "n must be 1"), ({"temperature": -1}, "temperature"),
-                                          ({"max_tokens": 0}, "max_tokens"), ({"logprobs": True}, "logprobs")])
+                                          ({"max_tokens": 0}, "max_tokens"), ({"logprobs": True}, "logprobs"),
+                                          ({"response_format": {"type": "json_schema"}}, "json_schema.schema")])
 def test_bad_requests_are_400_with_a_message(client, extra, words):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="any", messages=PROMPT, **extra)
@@ -148,3 +149,21 @@ def test_concurrent_clients_queue_and_all_get_the_right_answer(client, greedy_te
 
     with ThreadPoolExecutor(3) as pool:
         assert list(pool.map(ask, range(3))) == [greedy_text] * 3
+
+
+def test_response_format_constrains_the_answer_to_the_schema(client):
+    schema = {"type": "object", "properties": {"action": {"type": "string", "enum": ["move", "stop"]},
+                                               "distance_m": {"type": "number"}},
+              "required": ["action", "distance_m"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Move forward two meters. Answer in JSON."}],
+        max_tokens=48, temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "cmd",
+                                                                                            "schema": schema}})
+    command = json.loads(r.choices[0].message.content)
+    assert command["action"] in ("move", "stop") and isinstance(command["distance_m"], (int, float))
+    r = client.chat.completions.create(model="any", messages=PROMPT, max_tokens=48, temperature=0,
+                                       response_format={"type": "json_object"})
+    text = r.choices[0].message.content
+    assert text.lstrip().startswith("{")  # an object, complete unless max_tokens cut it
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
