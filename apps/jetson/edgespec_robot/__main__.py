@@ -1,0 +1,3 @@
+from edgespec_robot.service import main
+
+main()

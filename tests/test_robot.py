@@ -1,0 +1,63 @@
+"""apps/jetson: the robot service on the default model, over stdin/stdout and HTTP."""
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parents[1] / "apps" / "jetson"
+SCHEMA = json.loads(resources.files("edgespec").joinpath("data/robot.schema.json").read_text())
+COMMANDS = ["move forward two meters", "turn left by 90 degrees", "pick up the red cup from the table",
+            "place the box on the shelf", "stop"]
+
+pytestmark = pytest.mark.slow
+
+
+def valid(action: dict) -> bool:
+    props = SCHEMA["properties"]
+    return (action.get("action") in props["action"]["enum"] and set(action) <= set(props)
+            and all(isinstance(action[k], (int, float)) for k in ("distance_m", "angle_deg") if k in action)
+            and all(isinstance(action[k], str) and len(action[k]) <= 40 for k in ("object", "location")
+                    if k in action))
+
+
+def run(args, stdin):
+    return subprocess.run([sys.executable, "-m", "edgespec_robot", "--threads", "1", *args], input=stdin,
+                          capture_output=True, text=True, cwd=APP, timeout=600)
+
+
+def test_every_robot_command_becomes_a_valid_action():
+    from edgespec.bench import read_prompts
+
+    prompts = [p["prompt"] for p in read_prompts(None) if p["cat"] == "robot"]
+    lines = [*COMMANDS, *(json.dumps({"command": p}) for p in prompts), '{"no command": 1}']
+    result = run([], "\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(answers) == len(lines)
+    assert all(valid(a["action"]) for a in answers[:-1]), answers
+    assert "error" in answers[-1]
+    assert answers[0]["action"]["action"] == "move"
+
+
+def test_a_budget_that_cannot_fit_is_refused_before_loading():
+    result = run(["--budget", "20MB"], "move forward\n")
+    assert result.returncode != 0 and "edgespec_robot:" in result.stderr and not result.stdout
+
+
+def test_http_interface():
+    from fastapi.testclient import TestClient
+
+    sys.path.insert(0, str(APP))
+    from edgespec_robot.service import Robot, http_app
+
+    import edgespec
+
+    client = TestClient(http_app(Robot(edgespec.load(None, "ngram", n_ctx=512, threads=1), SCHEMA)))
+    assert client.get("/health").json()["status"] == "ok"
+    answer = client.post("/command", json={"command": "turn right by 45 degrees"}).json()
+    assert valid(answer["action"])
+    assert client.post("/command", json={"nope": 1}).status_code == 422
