@@ -511,5 +511,48 @@ def serve(load_engine, host, port, api_key, default_max_tokens):
         engine.close()
 
 
+
+@main.command()
+@model_options
+@click.option("-t", "--temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="Sampling temperature of the self-test (the rule is tested on the distributions it makes)")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--draws", type=click.IntRange(1000), default=10000, show_default=True,
+              help="Rule runs per tested position")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def doctor(load_engine, temperature, top_p, draws, as_json):
+    """Check this device: versions and build of the backends, devices, memory, that the pair loads, and
+    an exactness self-test of the verification rule on its distributions (exit 1 if anything fails)."""
+    from edgespec.doctor import run_doctor
+    from edgespec.runtime.sampling import SamplingParams
+
+    if not as_json:
+        _status("checking the environment, loading the models, testing the rule ...")
+    report = run_doctor(load_engine, SamplingParams(temperature=temperature, top_p=top_p), draws)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        env = report["environment"]
+        llama, ort = env["llama_cpp"], env["onnxruntime"]
+        click.echo(f"edgespec {env['edgespec']}, Python {env['python']}, {env['platform']}, {env['cpus']} CPUs, "
+                   f"{env['memory']['available'] / 2**30:.1f} of {env['memory']['total'] / 2**30:.1f} GiB free")
+        if llama:
+            devices = ", ".join(f"{d['name']} ({d['type']})" for d in llama["devices"]) or "none found"
+            click.echo(f"llama-cpp-python {llama['version']}, build {llama['build']}, GPU offload "
+                       f"{'yes' if llama['gpu_offload'] else 'no'}; devices: {devices}")
+            click.echo(f"  {llama['system_info']}")
+        click.echo(f"onnxruntime {ort['version']}: {', '.join(ort['providers'])}" if ort
+                   else "onnxruntime: not installed")
+        click.echo(f"llguidance {env['llguidance'] or 'not installed'}, torch {env['torch'] or 'not installed'}")
+        for check in report["checks"]:
+            detail = check.get("summary") or check["detail"]
+            click.echo(f"{'ok  ' if check['ok'] else 'FAIL'} {check['name']}: {detail}")
+        if any(c["name"] == "exactness" for c in report["checks"]):
+            click.echo("     the guarantee is about the target's processed distribution (its quantization, a "
+                       "grammar, temperature/top-p as given)")
+    if not report["ok"]:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,166 @@
+"""`edgespec doctor`: what this device has, whether a pair loads, and an exactness self-test of the rule.
+
+The self-test checks the verification rule where it runs: for the loaded pair, at a few positions of a
+real text, it takes the target's processed distribution p (the loop's own to_probs: temperature, top-k,
+top-p and min-p applied) and the draft's q at the same position, runs the rule on many fresh draft
+samples, and tests the emitted tokens against p (chi-square; outcomes expected fewer than 5 times are
+pooled). The guarantee is about that processed target distribution: quantization, a grammar or the
+sampling parameters change p itself, and the rule returns whatever p is. Drafts without a distribution
+of their own (prompt lookup, heads) are stood in for by the target's row one position earlier: a real,
+mismatched distribution, which is what the rule must correct.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections import Counter
+
+import numpy as np
+
+from edgespec import __version__
+from edgespec.runtime.sampling import SamplingParams, sample, to_probs
+from edgespec.runtime.verify import verify
+
+ALPHA = 1e-3  # a correct rule fails the self-test at this rate
+POSITIONS = (6, 14, 30)  # where in the text the rule is tested
+TEXT = ("The robot moved forward two meters, turned left, and picked up the red cup from the kitchen table. "
+        "Then it placed the cup on the shelf next to the books and returned to its charging station.")
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(chi-square with df degrees of freedom > x): exact for df 1 and 2, Wilson-Hilferty beyond (within
+    a few percent of the p-value near 1e-3 for df >= 3, which is all a pass/fail at ALPHA needs)."""
+    if df == 1:
+        return math.erfc(math.sqrt(x / 2))
+    if df == 2:
+        return math.exp(-x / 2)
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def goodness_of_fit(draws: list[int], law: np.ndarray) -> tuple[float, int]:
+    """p-value and degrees of freedom of a chi-square test of draws against law [V]."""
+    n, counts = len(draws), Counter(draws)
+    if any(law[t] == 0 for t in counts):  # a token the target cannot emit: as wrong as a rule can be
+        return 0.0, 0
+    big = np.nonzero(law * n >= 5)[0]
+    obs = [counts[t] for t in big]
+    exp = [law[t] * n for t in big]
+    if n - sum(exp) > 1e-9:
+        obs.append(n - sum(obs))
+        exp.append(n - sum(exp))
+    if len(obs) < 2:
+        return 1.0, 0
+    x = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
+    return chi2_sf(x, len(obs) - 1), len(obs) - 1
+
+
+def rule_selftest(target_probs: np.ndarray, draft_probs: np.ndarray, rng: np.random.Generator, draws: int,
+                  rule=None) -> dict:
+    """Run `rule` (default: the loop's verify) on one drafted token `draws` times: target_probs [2, V] (this
+    position and the next), draft_probs [V]; the emitted first tokens against target_probs[0]."""
+    rule = rule or verify
+    emitted = []
+    for _ in range(draws):
+        token = sample(draft_probs, rng)
+        n_acc, sampled = rule(target_probs, draft_probs[None], np.array([token]), rng)
+        emitted.append(token if n_acc == 1 else sampled)
+    p, df = goodness_of_fit(emitted, target_probs[0])
+    accept = float(np.minimum(target_probs[0], draft_probs).sum())  # exact acceptance probability here
+    return {"p_value": p, "df": df, "acceptance": round(accept, 4), "draws": draws, "ok": p >= ALPHA}
+
+
+def exactness(engine, params: SamplingParams, draws: int = 10000, seed: int = 0, rule=None) -> dict:
+    """The self-test on a loaded engine at POSITIONS of TEXT; see the module docstring."""
+    from edgespec.runtime.backend import sync
+
+    tokens = engine.target.tokenize(TEXT, special=False)
+    rng = np.random.default_rng(seed)
+    draft = engine.draft_backend
+    results = []
+    for pos in POSITIONS:
+        rows = to_probs(sync(engine.target, tokens[:pos + 2], 3), params)  # [3, V]: pos-1, pos, pos+1
+        if draft is not None:
+            q = to_probs(sync(draft, tokens[:pos + 1], 1), params)[0]
+        else:
+            q = rows[0]  # the target's previous row stands in for a draft distribution
+        results.append({"position": pos, **rule_selftest(rows[1:], q, rng, draws, rule)})
+    engine.target.rollback(0)
+    if draft is not None:
+        draft.rollback(0)
+    return {"draft": "draft model" if draft is not None else "stand-in (the target one position back)",
+            "temperature": params.temperature, "positions": results, "ok": all(r["ok"] for r in results)}
+
+
+def environment() -> dict:
+    """Versions, build flags, devices, providers and memory: what decides how edgespec runs here."""
+    import psutil
+
+    out = {"edgespec": __version__, "python": platform.python_version(), "platform": platform.platform(),
+           "numpy": np.__version__, "cpus": os.cpu_count(),
+           "memory": {"total": psutil.virtual_memory().total, "available": psutil.virtual_memory().available}}
+    try:
+        import llama_cpp
+
+        from edgespec.runtime.llama_backend import devices
+
+        info = llama_cpp.llama_print_system_info().decode()
+        out["llama_cpp"] = {"version": llama_cpp.__version__, "system_info": info.strip(),
+                            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+                            "build": ("cuda" if "CUDA" in info else "metal" if "METAL" in info.upper() else
+                                      "cpu") + (", native" if "NATIVE" in info.upper() else ""),
+                            "devices": devices()}
+    except ImportError:
+        out["llama_cpp"] = None
+    try:
+        import onnxruntime
+
+        out["onnxruntime"] = {"version": onnxruntime.__version__,
+                              "providers": onnxruntime.get_available_providers()}
+    except ImportError:
+        out["onnxruntime"] = None
+    for name in ("llguidance", "torch"):
+        try:
+            out[name] = __import__(name).__version__ if name == "torch" else _version(name)
+        except ImportError:
+            out[name] = None
+    return out
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def run_doctor(load_engine, params: SamplingParams, draws: int = 10000, rule=None) -> dict:
+    """Environment, a load of the pair (timed) and the self-test; "ok" is False if a check failed."""
+    report = {"environment": environment(), "checks": []}
+    t = time.perf_counter()
+    try:
+        engine = load_engine()
+    except Exception as e:  # what the user should see is the failure itself, as a failed check
+        report["checks"].append({"name": "load", "ok": False, "detail": str(e)})
+        report["ok"] = False
+        return report
+    try:
+        draft = engine.draft_backend.name if engine.draft_backend else (engine.drafter.name if engine.drafter
+                                                                        else "none")
+        report["checks"].append({"name": "load", "ok": True, "detail": f"target {engine.target.name}, draft "
+                                 f"{draft}, {time.perf_counter() - t:.1f} s"})
+        result = exactness(engine, params, draws, rule=rule)
+        worst = min(r["p_value"] for r in result["positions"])
+        report["checks"].append({"name": "exactness", "ok": result["ok"], "detail": result,
+                                 "summary": f"rule vs processed target distribution at {len(POSITIONS)} "
+                                            f"positions, {draws} draws each: smallest p-value {worst:.3g} "
+                                            f"(fails below {ALPHA})"})
+    finally:
+        engine.close()
+    report["ok"] = all(c["ok"] for c in report["checks"])
+    return report

@@ -1,0 +1,42 @@
+"""edgespec doctor: the self-test passes the rule and fails a broken one; the command on the real model."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import stats
+from test_verify import without_residual
+
+from edgespec import doctor
+from edgespec.cli import main
+
+
+@pytest.mark.parametrize("x, df", [(3.0, 1), (10.8, 1), (5.0, 2), (13.8, 2), (20.0, 5), (30.0, 10), (80.0, 40),
+                                   (150.0, 100)])
+def test_chi2_tail_matches_scipy_where_it_decides(x, df):
+    exact = stats.chi2.sf(x, df)
+    assert doctor.chi2_sf(x, df) == pytest.approx(exact, rel=0.1 if df > 2 else 1e-9)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_self_test_passes_the_rule_and_fails_a_broken_one(broken):
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.full(40, 0.3), size=2)  # [2, V]
+    draft = rng.dirichlet(np.full(40, 0.3))  # [V], far from the target's row
+    result = doctor.rule_selftest(target, draft, np.random.default_rng(1), 20000,
+                                  rule=without_residual if broken else None)
+    assert result["ok"] != broken and (result["p_value"] < doctor.ALPHA) == broken
+
+
+@pytest.mark.slow
+def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
+    runner = CliRunner()
+    result = runner.invoke(main, ["doctor", "--json", "--draws", "4000"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["ok"] and [c["name"] for c in report["checks"]] == ["load", "exactness"]
+    assert report["environment"]["llama_cpp"]["devices"]
+    monkeypatch.setattr(doctor, "verify", without_residual)
+    result = runner.invoke(main, ["doctor", "--draws", "4000"])
+    assert result.exit_code == 1 and "FAIL exactness" in result.output
