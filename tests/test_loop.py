@@ -190,3 +190,14 @@ def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_ou
     assert stats.acceptance_rate == 1.0
     rebuilds = [n for n, _ in draft.calls if n > 4]
     assert 15 <= len(rebuilds) <= 30 and max(rebuilds) == 11
+
+
+def test_decode_time_is_live_while_streaming():
+    """Apps show tokens/s as tokens arrive: the stats' decode time grows with each event, not only at the end."""
+    target = FakeBackend(deterministic_table(CHAIN, 6))
+    stats = Stats()
+    events = speculate(target, None, None, [1], GREEDY, np.random.default_rng(0), max_tokens=5, stats=stats)
+    seen = []
+    for _ in events:
+        seen.append(stats.decode_s)
+    assert all(t > 0 for t in seen) and seen == sorted(seen) and stats.decode_s >= seen[-1]

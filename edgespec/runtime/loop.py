@@ -111,7 +111,7 @@ def speculate(
         raise EdgespecError(f"max tokens must be at least 1, got {max_tokens}")
     if len(prompt) >= target.n_ctx:
         raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
-                            "shorten the prompt or raise --ctx")
+                            "shorten the prompt or raise the context (--ctx, n_ctx)")
     return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
                    constraint)
 
@@ -130,6 +130,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         catch_up(drafter, committed)
     t_decode = time.perf_counter()
     stats.prefill_s += t_decode - t_start
+    decode_base = stats.decode_s
 
     try:
         while stats.finish_reason is None:
@@ -191,6 +192,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     stats.finish_reason = "stop"
                     break
                 stats.generated += 1
+                stats.decode_s = decode_base + time.perf_counter() - t_decode  # live: tokens/s mid-stream too
                 piece = text.feed(pieces[tok])
                 yield Event(tok, piece, from_draft=i < n_acc)
                 if text.stopped:
@@ -205,7 +207,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     finally:  # also reached when the consumer closes the stream early
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
-        stats.decode_s += time.perf_counter() - t_decode
+        stats.decode_s = decode_base + time.perf_counter() - t_decode
 
 
 def _constrain(constraint, drafts, draft_probs):
