@@ -206,6 +206,39 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
                      kv_type=kv_type, drafter=kind, k_max=k_max, heads_bytes=heads_bytes)
 
 
+def open_drafter(draft, target: Backend, *, window: int | None = None, threads: int | None = None,
+                 provider: str = "cpu", **settings) -> tuple[Drafter | None, Backend | None, float]:
+    """The drafter for `draft` (see `load`) against a loaded target: (drafter, its own backend if it is a model,
+    seconds per drafted token measured here). window: recent tokens a draft model reads (default 1024);
+    settings: llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
+    from edgespec.runtime.drafts import MAX_DRAFT
+    from edgespec.runtime.planner import DRAFT_WINDOWS
+
+    heads = heads_kind(draft)
+    if draft in (None, "none"):
+        return None, None, 0.0
+    if str(draft) == "ngram":
+        return PromptLookupDrafter(target.vocab.n_vocab), None, 0.0
+    if heads == "eagle":
+        from edgespec.runtime.eagle import EagleDrafter
+
+        drafter = EagleDrafter(draft, target)
+        return drafter, None, drafter.measure_cost()
+    if heads == "medusa":
+        from edgespec.runtime.heads import MedusaDrafter
+
+        drafter = MedusaDrafter(draft, target)
+        return drafter, None, drafter.measure_cost()
+    # a draft model reads a window of recent tokens, and needs room for what it drafts
+    draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
+    backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
+    try:
+        return ModelDrafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
+    except BaseException:
+        backend.close()
+        raise
+
+
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
@@ -226,7 +259,6 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
         hidden: the target also returns its hidden states (GGUF; on by itself for a heads draft).
     """
-    from edgespec.runtime.drafts import MAX_DRAFT
     from edgespec.runtime.plan_report import refusal
     from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
 
@@ -254,35 +286,13 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
         provider = provider or ("auto" if gpu_providers else "cpu")
     provider = provider or "cpu"
-    heads = heads_kind(draft)
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=hidden or heads is not None, **settings)
-    draft_backend = drafter = None
-    draft_cost = 0.0
+                                hidden=hidden or heads_kind(draft) is not None, **settings)
     try:
-        if draft in (None, "none"):
-            pass
-        elif str(draft) == "ngram":
-            drafter = PromptLookupDrafter(target_backend.vocab.n_vocab)
-        elif heads == "eagle":
-            from edgespec.runtime.eagle import EagleDrafter
-
-            drafter = EagleDrafter(draft, target_backend)
-            draft_cost = drafter.measure_cost()
-        elif heads == "medusa":
-            from edgespec.runtime.heads import MedusaDrafter
-
-            drafter = MedusaDrafter(draft, target_backend)
-            draft_cost = drafter.measure_cost()
-        else:  # the draft reads a window of recent tokens, and needs room for what it drafts
-            draft_ctx = min(target_backend.n_ctx, window) + MAX_DRAFT
-            draft_backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **draft_settings)
-            drafter = ModelDrafter(draft_backend, target_backend.vocab)
-            draft_cost = measure_pass_costs(draft_backend, 1)[1]
+        drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
+                                                          provider=provider, **draft_settings)
     except BaseException:
-        for backend in (target_backend, draft_backend):
-            if backend is not None and hasattr(backend, "close"):
-                backend.close()
+        target_backend.close()
         raise
     controller = None
     if drafter is not None:

@@ -70,10 +70,13 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        def load_engine(other_draft=None):
+        def load_engine(other_draft=None, **extra):
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
-                        device=device, budget=budget, kv_type=kv_type, profiles=profiles)
+                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, **extra)
 
+        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
+        load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
+                               "threads": threads, "provider": provider}
         return f(*args, load_engine=load_engine, **kwargs)
 
     return wrapper
@@ -552,6 +555,71 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
                        "grammar, temperature/top-p as given)")
     if not report["ok"]:
         sys.exit(1)
+
+
+@main.command()
+@model_options
+@click.option("--also", "also", multiple=True,
+              help="Another draft to advise on against the same target (repeatable): the advice picks per category")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL of {'cat', 'prompt'} from your use [default: built-in prompts by category]; with --check, "
+                   "alternate prompts of each category are held out")
+@click.option("--per-category", type=click.IntRange(1), default=8, show_default=True,
+              help="Built-in calibration prompts per category")
+@click.option("-n", "--max-tokens", type=click.IntRange(2), default=64, show_default=True,
+              help="Tokens per answer, in calibration and check")
+@click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--draft-max", "k_max", type=click.IntRange(1, 15), default=6, show_default=True,
+              help="Longest draft length to predict (and check)")
+@click.option("--check", is_flag=True,
+              help="Then run real speculative decoding on held-out prompts at every draft length: predicted vs "
+                   "measured")
+@click.option("--check-per-category", type=click.IntRange(0), default=2, show_default=True,
+              help="Built-in training prompts per category held out for --check, beside the bench prompts")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def advise(load_engine, also, prompts_file, per_category, max_tokens, temperature, top_p, k_max, check,
+           check_per_category, seed, as_json):
+    """Predict acceptance and speed-up per category and draft length from a calibration sample, recommend a
+    draft and a draft length (or not to speculate); --check measures the prediction on held-out prompts."""
+    from edgespec import advise as advice
+    from edgespec.api import heads_kind, open_drafter
+    from edgespec.runtime.sampling import SamplingParams
+
+    options = load_engine.options
+    names = [str(options["draft"]), *map(str, also)]
+    if "none" in names:
+        raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
+    if len(set(names)) < len(names):
+        raise EdgespecError("each draft once, please: " + ", ".join(names))
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    calibration, held_out = advice.choose_prompts(prompts_file, per_category, check_per_category)
+    if check and not held_out:
+        raise EdgespecError(f"{prompts_file} leaves no prompt to hold out for --check: give two or more per category")
+    if not as_json:
+        _status("loading models ...")
+    engine = load_engine(hidden=any(heads_kind(d) for d in names))
+    extra = []
+    try:
+        drafters = {engine.drafter.name: engine.drafter}
+        paths = {"target": options["target"] or engine.target.path, engine.drafter.name: names[0]}
+        for other in also:
+            drafter, backend, _ = open_drafter(other, engine.target, threads=options["threads"],
+                                               provider=options["provider"] or "cpu")
+            extra.append(backend)
+            drafters[drafter.name] = drafter
+            paths[drafter.name] = other
+        result = advice.advise(engine, drafters, calibration, params=params, k_max=k_max, max_tokens=max_tokens,
+                               device=options["device"], paths=paths, profiles=options["profiles"],
+                               held_out=held_out if check else None, progress=not as_json and sys.stderr.isatty(),
+                               seed=seed)
+    finally:
+        for backend in extra:
+            if backend is not None:
+                backend.close()
+        engine.close()
+    click.echo(advice.to_json(result.report) if as_json else advice.format_advice(result.report))
 
 
 if __name__ == "__main__":
