@@ -194,9 +194,16 @@ def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: 
         q, q_raw = to_probs(q_logits, params), to_probs(q_logits, RAW)
         q_t0 = q if params.greedy else to_probs(q_logits, GREEDY)
         per_row, per_row_t0 = overlap(p, q), overlap(p_t0, q_t0)  # [n]
-        for j in range(k_max):  # depth j+1 of a round at i reads row i+j
-            beta[:n - j, j], beta_t0[:n - j, j] = per_row[j:], per_row_t0[j:]
         guess = q_logits.argmax(axis=1)
+        ends = np.isin(guess, list(target.vocab.eog_ids))  # a draft model stops drafting after an end token
+        stopped = np.zeros(n, dtype=bool)  # [i]: the greedy draft ended before this depth of a round at i
+        for j in range(k_max):  # depth j+1 of a round at i reads row i+j
+            if j:
+                stopped[:n - j] |= ends[j - 1:n - 1]
+            beta[:n - j, j], beta_t0[:n - j, j] = per_row[j:], per_row_t0[j:]
+            beta_t0[:n - j, j][stopped[:n - j]] = np.nan
+            if params.greedy:  # at a temperature the draft ends where it samples an end token: rare, not modelled
+                beta[:n - j, j][stopped[:n - j]] = np.nan
     else:
         q_raw = None if isinstance(drafter, PromptLookupDrafter) else np.zeros_like(p_raw)
         guess = np.full(n, -1)
@@ -296,10 +303,12 @@ def measure_draft_round(drafter, context: list[int], k: int, params: SamplingPar
 
     def one_round():
         if isinstance(drafter, ModelDrafter):
-            drafter.backend.rollback(max(len(drafter.visible(context)) - 3, 0))
+            backend = drafter.backend
+            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - 3, 0)))
         catch_up(drafter, context)
         drafter.propose(context, k, params, rng)
 
+    one_round()  # warm-up: a draft model reads the whole context once
     return _median_time(one_round, reps)
 
 

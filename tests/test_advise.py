@@ -1,0 +1,201 @@
+"""edgespec advise: the calibration replay follows the loop's own path, the walk's arithmetic, the statistics,
+and the command on the real model (predicted against measured on the same prompts)."""
+
+import json
+
+import numpy as np
+import pytest
+from fake import FakeBackend, random_table
+from scipy import stats
+from test_eagle import HiddenFake as EagleTarget
+from test_eagle import head_file
+from test_heads import HiddenFake as MedusaTarget
+from test_heads import heads_file
+from test_loop import controller
+
+from edgespec import advise
+from edgespec.api import Engine
+from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.eagle import EagleDrafter
+from edgespec.runtime.heads import MedusaDrafter
+from edgespec.runtime.sampling import SamplingParams
+
+V = 5
+PROMPTS = [{"cat": c, "prompt": p} for c, p in [("x", "ab"), ("x", "dca"), ("y", "b"), ("y", "cc"), ("y", "dab")]]
+UNIT_COSTS = advise.Costs({n: 1.0 for n in range(1, 17)}, 0.0, 0.0, 0.0, "unit")
+
+
+def table(seed, sharpness=2.0):
+    t = random_table(np.random.default_rng(seed), V, sharpness)
+    t[:, 0] -= 1.5  # answers end, but not at once
+    return t
+
+
+def make_engine(kind, tmp_path):
+    """A fake target and a drafter of each kind, sharing the target's vocabulary."""
+    if kind == "model":
+        target = FakeBackend(table(0))
+        return Engine(target, ModelDrafter(FakeBackend(table(0) + table(1)), target.vocab), controller())
+    if kind == "ngram":
+        target = FakeBackend(table(0, 1.0))
+        return Engine(target, PromptLookupDrafter(V), controller())
+    if kind == "medusa":
+        target = MedusaTarget(table(0))
+        return Engine(target, MedusaDrafter(heads_file(tmp_path, target), target, output=np.eye(V)), controller())
+    target = EagleTarget(table(0))
+    embeddings = np.random.default_rng(2).normal(size=(V, 6)).astype(np.float32)
+    return Engine(target, EagleDrafter(head_file(tmp_path, target, range(V)), target, embeddings=embeddings),
+                  controller())
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram", "medusa", "eagle"])
+def test_greedy_replay_is_the_loop_path(kind, tmp_path):
+    """At temperature 0 the walk over the calibration tables drafts and accepts exactly what the loop does, for
+    every draft kind and draft length: the prediction's only error is in what it cannot see (other prompts)."""
+    engine = make_engine(kind, tmp_path)
+    answers = advise.calibrate(engine, {"d": engine.drafter}, PROMPTS, params=SamplingParams(), k_max=3,
+                               max_tokens=12)["d"]
+    drafted = 0
+    for k in (1, 2, 3):
+        predicted = advise.walks(answers, k, UNIT_COSTS, 12, greedy=True)
+        for row, walk in zip(PROMPTS, predicted, strict=True):
+            stats = engine.generate(row["prompt"], max_tokens=12, draft_max=k).stats
+            assert (walk.drafted, walk.accepted) == (stats.drafted, stats.accepted), (k, row)
+            drafted += stats.drafted
+    assert drafted > 20
+
+
+def test_predicted_acceptance_at_a_temperature_matches_the_loop():
+    """At temperature 1 the walk accepts each depth with the probability the rule has there; its predicted
+    acceptance is the loop's measured one (many answers on a fake pair), for each draft length."""
+    target = FakeBackend(table(0, 1.0))
+    engine = Engine(target, ModelDrafter(FakeBackend(table(0, 1.0) + table(1, 0.7)), target.vocab), controller())
+    params = SamplingParams(temperature=1.0)
+    prompts = [{"cat": "x", "prompt": "abcd"[i % 4]} for i in range(300)]
+    answers = advise.calibrate(engine, {"d": engine.drafter}, prompts, params=params, k_max=3, max_tokens=20)["d"]
+    for k in (1, 3):
+        predicted = advise.predict(answers, UNIT_COSTS, k_max=3, max_tokens=20, greedy=False)["draft_lengths"][k]
+        drafted = accepted = 0
+        for i, row in enumerate(prompts):
+            s = engine.generate(row["prompt"], max_tokens=20, draft_max=k, temperature=1.0, seed=10_000 + i).stats
+            drafted, accepted = drafted + s.drafted, accepted + s.accepted
+        assert predicted["acceptance"] == pytest.approx(accepted / drafted, abs=0.03), k
+        assert 0.3 < predicted["acceptance"] < 0.9  # neither trivial nor hopeless: the test can tell
+        assert predicted["acceptance_t0"] != predicted["acceptance"]
+
+
+def test_walk_at_constant_acceptance_is_the_closed_form():
+    """Acceptance alpha at every depth: tokens per round is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al.)."""
+    alpha, k, n = 0.7, 3, 60_000
+    beta = np.full((n, k), alpha)
+    w = advise.walk(beta, k, UNIT_COSTS, n + 10, np.random.default_rng(0))
+    rounds = w.seconds  # one second per round
+    assert w.tokens / rounds == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha), rel=0.01)
+    assert w.accepted / w.drafted == pytest.approx((alpha - alpha ** (k + 1)) / (1 - alpha) / k, rel=0.01)
+
+
+def test_speed_ratio_draft_length_and_advice_follow_the_costs():
+    beta = np.ones((40, 4))
+    beta[::5] = 0.0  # every fifth position the draft is wrong at depth 1
+    answers = [advise.Answer("x", beta, beta, {})]
+    free = advise.predict(answers, UNIT_COSTS, k_max=4, max_tokens=40, greedy=True)
+    # a pass costs the same whatever its length: the ratio is tokens per round; the longest draft wins
+    assert free["draft_lengths"][1]["speedup"] == pytest.approx(40 / 24, abs=1e-3)  # 8 misses, 16 hits (2 tokens each)
+    assert free["best_draft_length"] == 4
+    costly = advise.Costs({n: float(n) for n in range(1, 6)}, 0.0, 1.0, 0.0, "a draft token costs a pass")
+    paid = advise.predict(answers, costly, k_max=4, max_tokens=40, greedy=True)
+    assert paid["best_draft_length"] == 0 and paid["best_speedup"] == 1.0
+    drafts = {"cheap": {"categories": {"x": free, "overall": free}},
+              "dear": {"categories": {"x": paid, "overall": paid}}}
+    advice = advise.recommend(drafts)
+    assert advice["x"]["draft"] == "cheap" and advice["x"]["draft_length"] == 4
+    assert advise.recommend({"dear": drafts["dear"]})["x"]["draft"] is None
+
+
+def test_statistics_are_the_distances_they_name():
+    rng = np.random.default_rng(3)
+    p, q = rng.dirichlet(np.ones(7), size=4), rng.dirichlet(np.ones(7), size=4)
+    guess = np.array([q[0].argmax(), q[1].argmax(), -1, q[3].argmax()])
+    s = advise.depth1_stats(p, q, guess, advise.overlap(p, q), np.zeros(4))
+    for i in (0, 1, 3):
+        assert s["tv"][i] == pytest.approx(0.5 * np.abs(p[i] - q[i]).sum())
+        assert s["accept"][i] == pytest.approx(1 - s["tv"][i])
+        assert s["kl_target_draft"][i] == pytest.approx(stats.entropy(p[i], q[i]))
+        assert s["kl_draft_target"][i] == pytest.approx(stats.entropy(q[i], p[i]))
+        assert s["entropy_draft"][i] == pytest.approx(stats.entropy(q[i]))
+    assert np.isnan(s["tv"][2]) and np.isnan(s["top1"][2])  # no draft there
+    one_hot = advise.depth1_stats(p, None, guess, p[np.arange(4), np.maximum(guess, 0)], np.zeros(4))
+    assert one_hot["tv"][0] == pytest.approx(1 - p[0, guess[0]]) and np.isnan(one_hot["kl_target_draft"][0])
+
+
+def test_calibration_bins_measure_how_often_the_draft_is_right():
+    answers = [advise.Answer("x", np.zeros((4, 1)), np.zeros((4, 1)),
+                             {**{name: np.full(4, 0.5) for name in advise.STATS},
+                              "confidence": np.array([0.95, 0.95, 0.15, 0.15]), "top1": np.array([1.0, 0, 0, 0])})]
+    s = advise.statistics(answers)
+    assert [b["top1_agreement"] for b in s["calibration"]] == [0.0, 0.5]
+    assert s["calibration_error"] == pytest.approx(0.5 * 0.15 + 0.5 * 0.45)
+
+
+def test_check_compares_at_the_recommended_length():
+    prediction = {"best_draft_length": 3, "draft_lengths": {
+        k: {"acceptance": 0.6, "speedup": 1.0 + k / 10, "speedup_interval": [1.0, 1.5]} for k in (1, 2, 3)}}
+    measured = {"draft_lengths": {1: {"acceptance": 0.5, "speedup": 1.3}, 2: {"acceptance": 0.5, "speedup": 1.1},
+                                  3: {"acceptance": 0.55, "speedup": 1.15}}}
+    c = advise.compare(prediction, measured)
+    assert c["acceptance_error"] == pytest.approx(0.05) and c["best_measured_draft_length"] == 1
+    assert c["recommended_measured_speedup"] == 1.15 and not c["within_10_percent"]  # 1.15 < 0.9 * 1.3
+
+
+@pytest.mark.slow
+def test_advise_on_the_real_model_predicts_what_the_loop_then_measures(q4_0_gguf, tmp_path):
+    """Calibration and check on the same prompts (each twice in the file: one copy each side): at temperature 0
+    predicted and measured acceptance agree at every draft length, for a draft model and prompt lookup."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    rows = [{"cat": "code", "prompt": "Write a Python function that reverses a list."},
+            {"cat": "chat", "prompt": "Name three colors."}, {"cat": "chat", "prompt": "Say hello politely."}]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows for _ in range(2)))
+    result = CliRunner().invoke(main, ["advise", "--draft", str(q4_0_gguf), "--also", "ngram", "--prompts",
+                                       str(prompts), "-n", "24", "--draft-max", "3", "--check", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert set(report["recommendations"]) == {"chat", "code", "overall"}
+    for name, cats in report["check"]["drafts"].items():
+        predicted = report["drafts"][name]["categories"]
+        for cat, check in cats.items():
+            assert check["prompts"] == {"chat": 2, "code": 1, "overall": 3}[cat]
+            for k, measured in check["measured"].items():
+                assert predicted[cat]["draft_lengths"][k]["acceptance"] == pytest.approx(measured["acceptance"],
+                                                                                         abs=0.02), (name, cat, k)
+    model = report["drafts"][f"model:{q4_0_gguf.name}"]
+    assert model["categories"]["overall"]["statistics"]["kl_target_draft"] > 0
+    assert model["costs"]["target_pass_ms"]["1"] > 0 and model["costs"]["draft_per_token_ms"] > 0
+
+
+def test_roofline_costs_read_the_profile(default_gguf, q4_0_gguf):
+    from edgespec.runtime.profiles import get_profile
+
+    profile = get_profile("orin-nano-8gb")
+    measured = advise.Costs({1: 0.01, 2: 0.02}, 0.0, 0.001, 0.0002, "here")
+    costs = advise.roofline_costs(measured, default_gguf, q4_0_gguf, "orin-nano-8gb")
+    assert costs.target[1] == costs.target[2] == pytest.approx(default_gguf.stat().st_size / profile.bandwidth,
+                                                               rel=0.05)
+    assert costs.draft_per_token < costs.target[1] and costs.row == measured.row and "orin-nano-8gb" in costs.source
+
+
+@pytest.mark.parametrize("args, message", [(["--draft", "none"], "give a draft"),
+                                           (["--also", "ngram"], "each draft once"),
+                                           (["--check", "--prompts", "{one}"], "no prompt to hold out")])
+def test_advise_refuses_bad_input(args, message, tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"cat": "chat", "prompt": "Hi"}\n')
+    result = CliRunner().invoke(main, ["advise", *[a.format(one=one) for a in args]])
+    assert result.exit_code == 1 and message in result.output, result.output
