@@ -263,23 +263,30 @@ def calibrate(engine, drafters: dict[str, object], prompts: list[dict], *, param
 @dataclass
 class Costs:
     """Seconds: a target pass over n tokens (n rows of logits), a draft round of k tokens (fixed + per token),
-    and turning one row of logits into probabilities and running the rule on it."""
+    and turning one row of logits into probabilities and running the rule on it. A draft model reads its own
+    last draft only after a round that accepted all of them (before, it never needed its logits): one more
+    step then, `draft_all_accepted`."""
 
     target: dict[int, float]
     draft_fixed: float
     draft_per_token: float
     row: float
     source: str
+    draft_all_accepted: float = 0.0
 
-    def round(self, n_drafted: int, k: int) -> float:
-        """A round that asked for k drafts and got n_drafted: the draft's work, the pass, the rows."""
+    def round(self, n_drafted: int, k: int, n_accepted: int = 0) -> float:
+        """A round that asked for k drafts, got n_drafted and kept n_accepted: the draft's work, the pass, the rows."""
         draft = self.draft_fixed + self.draft_per_token * n_drafted if k > 0 else 0.0
+        if n_drafted and n_accepted == n_drafted:
+            draft += self.draft_all_accepted
         return draft + self.target[n_drafted + 1] + (n_drafted + 1) * self.row
 
     def to_dict(self) -> dict:
         return {"source": self.source, "target_pass_ms": {str(n): round(1000 * s, 3) for n, s in self.target.items()},
                 "draft_round_fixed_ms": round(1000 * self.draft_fixed, 3),
-                "draft_per_token_ms": round(1000 * self.draft_per_token, 3), "row_ms": round(1000 * self.row, 3)}
+                "draft_per_token_ms": round(1000 * self.draft_per_token, 3),
+                "draft_all_accepted_ms": round(1000 * self.draft_all_accepted, 3), "row_ms": round(1000 * self.row, 3),
+                "target_only_tokens_per_second": round(1.0 / (self.target[1] + self.row), 2)}
 
 
 def _median_time(fn, reps: int) -> float:
@@ -297,14 +304,15 @@ def measure_row_cost(logits_row: np.ndarray, params: SamplingParams, reps: int =
 
 
 def measure_draft_round(drafter, context: list[int], k: int, params: SamplingParams, reps: int = 7) -> float:
-    """Seconds for one round's drafting of k tokens after `context`, catching up included: a draft model first
-    forgets its last two tokens, as after a round whose last draft was rejected."""
+    """Seconds for one round's drafting of k tokens after `context`, catching up included: a draft model's cache
+    first loses the context's last token, as after a round that rejected a draft (the loop's usual case: the
+    drafts it kept are cached, the target's own token is not)."""
     rng = np.random.default_rng(0)
 
     def one_round():
         if isinstance(drafter, ModelDrafter):
             backend = drafter.backend
-            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - 3, 0)))
+            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - 1, 0)))
         catch_up(drafter, context)
         drafter.propose(context, k, params, rng)
 
@@ -326,7 +334,8 @@ def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray |
         drafter.reset()
     if isinstance(drafter, ModelDrafter):
         drafter.backend.rollback(0)
-    return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device")
+    return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device",
+                 per_token if isinstance(drafter, ModelDrafter) else 0.0)
 
 
 def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, profiles=None) -> Costs:
@@ -338,14 +347,16 @@ def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, 
     plan = plan_for(target_path, draft_path, device=profile_name, profiles=profiles, measure_bandwidth=False)
     bandwidth = plan.profile.bandwidth
     step = plan.target.weights / bandwidth
+    all_accepted = 0.0
     if plan.draft is not None:
         fixed, per_token = 0.0, plan.draft.weights / bandwidth
+        all_accepted = per_token
     elif heads_kind(draft_path):
         fixed, per_token = 0.0, Path(draft_path).stat().st_size / bandwidth
     else:
         fixed, per_token = measured.draft_fixed, measured.draft_per_token
     return Costs({n: step for n in measured.target}, fixed, per_token, measured.row,
-                 f"roofline of profile {profile_name} ({bandwidth / 1e9:.0f} GB/s; memory-bound passes)")
+                 f"roofline of profile {profile_name} ({bandwidth / 1e9:.0f} GB/s; memory-bound passes)", all_accepted)
 
 
 # --- prediction -------------------------------------------------------------------------------------------
@@ -380,7 +391,7 @@ def walk(beta: np.ndarray, k: int, costs: Costs, max_tokens: int, rng: np.random
         out.drafted += drafted
         out.accepted += accepted
         out.rounds_with_draft += drafted > 0
-        out.seconds += costs.round(drafted, kk)
+        out.seconds += costs.round(drafted, kk, accepted)
         out.tokens += accepted + 1
         i += accepted + 1
     out.tokens = min(out.tokens, n)
@@ -583,6 +594,7 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
                              progress=progress)
         report["check"] = {"prompts": len(held_out), "drafts": {
             name: {cat: {**compare(drafts[name]["categories"][cat], m), "prompts": m["prompts"],
+                         "target_only_tokens_per_second": m["target_only_tokens_per_second"],
                          "measured": m["draft_lengths"]}
                    for cat, m in measured[name].items() if cat in drafts[name]["categories"]}
             for name in drafters}}
@@ -616,7 +628,9 @@ def format_advice(report: dict) -> str:
         c = d["costs"]
         passes = " ".join(f"{n}:{ms:.1f}" for n, ms in c["target_pass_ms"].items())
         lines += ["", f"draft {name}", f"  costs ({c['source']}): target pass ms by tokens {passes}; draft round "
-                  f"{c['draft_round_fixed_ms']:.2f} + {c['draft_per_token_ms']:.2f}/token ms; row {c['row_ms']:.2f} ms"]
+                  f"{c['draft_round_fixed_ms']:.2f} + {c['draft_per_token_ms']:.2f}/token ms (+"
+                  f"{c['draft_all_accepted_ms']:.2f} after all accepted); row {c['row_ms']:.2f} ms; target-only "
+                  f"{c['target_only_tokens_per_second']:.1f} tok/s"]
         k_max = report["k_max"]
         lines.append(f"  {'category':<9}{'pos':>5}{'drafted':>8}{'top1':>6}{'accept':>7}{'TV':>6}{'KL t|d':>7}"
                      f"{'KL d|t':>7}{'H t':>6}{'H d':>6}{'ECE':>6}   " + "".join(f"{'k=' + str(k):>14}"
@@ -639,9 +653,10 @@ def format_advice(report: dict) -> str:
         lines.append(f"  {cat:<9} {r['advice']}")
     if "check" in report:
         lines += ["", f"check on {report['check']['prompts']} held-out prompts: predicted vs measured at the "
-                  "recommended draft length"]
+                  "recommended draft length (acceptance at k = 1 where the advice is not to speculate)"]
         for name, cats in report["check"]["drafts"].items():
-            lines.append(f"  draft {name}")
+            lines.append(f"  draft {name}: target-only {cats['overall']['target_only_tokens_per_second']:.1f} tok/s "
+                         f"measured, {report['drafts'][name]['costs']['target_only_tokens_per_second']:.1f} predicted")
             lines.append(f"  {'category':<9}{'k':>3}{'accept pred':>12}{'meas':>7}{'err':>7}{'speed pred':>12}"
                          f"{'interval':>15}{'meas':>7}{'best k':>8}{'best':>7}{'within 10%':>12}")
             for cat, c in cats.items():
