@@ -265,7 +265,8 @@ class Costs:
     """Seconds: a target pass over n tokens (n rows of logits), a draft round of k tokens (fixed + per token),
     and turning one row of logits into probabilities and running the rule on it. A draft model reads its own
     last draft only after a round that accepted all of them (before, it never needed its logits): one more
-    step then, `draft_all_accepted`."""
+    step then, `draft_all_accepted` (what reading one more token in its next pass adds). `overhead`: the loop's
+    own work per round (text, bookkeeping), measured from a real target-only answer."""
 
     target: dict[int, float]
     draft_fixed: float
@@ -273,20 +274,22 @@ class Costs:
     row: float
     source: str
     draft_all_accepted: float = 0.0
+    overhead: float = 0.0
 
     def round(self, n_drafted: int, k: int, n_accepted: int = 0) -> float:
         """A round that asked for k drafts, got n_drafted and kept n_accepted: the draft's work, the pass, the rows."""
         draft = self.draft_fixed + self.draft_per_token * n_drafted if k > 0 else 0.0
         if n_drafted and n_accepted == n_drafted:
             draft += self.draft_all_accepted
-        return draft + self.target[n_drafted + 1] + (n_drafted + 1) * self.row
+        return draft + self.target[n_drafted + 1] + (n_drafted + 1) * self.row + self.overhead
 
     def to_dict(self) -> dict:
         return {"source": self.source, "target_pass_ms": {str(n): round(1000 * s, 3) for n, s in self.target.items()},
                 "draft_round_fixed_ms": round(1000 * self.draft_fixed, 3),
                 "draft_per_token_ms": round(1000 * self.draft_per_token, 3),
                 "draft_all_accepted_ms": round(1000 * self.draft_all_accepted, 3), "row_ms": round(1000 * self.row, 3),
-                "target_only_tokens_per_second": round(1.0 / (self.target[1] + self.row), 2)}
+                "overhead_ms": round(1000 * self.overhead, 3),
+                "target_only_tokens_per_second": round(1.0 / (self.target[1] + self.row + self.overhead), 2)}
 
 
 def _median_time(fn, reps: int) -> float:
@@ -303,16 +306,17 @@ def measure_row_cost(logits_row: np.ndarray, params: SamplingParams, reps: int =
     return _median_time(lambda: sample(to_probs(logits_row[None], params)[0], rng), reps)
 
 
-def measure_draft_round(drafter, context: list[int], k: int, params: SamplingParams, reps: int = 7) -> float:
+def measure_draft_round(drafter, context: list[int], k: int, params: SamplingParams, reps: int = 7,
+                        lag: int = 1) -> float:
     """Seconds for one round's drafting of k tokens after `context`, catching up included: a draft model's cache
-    first loses the context's last token, as after a round that rejected a draft (the loop's usual case: the
-    drafts it kept are cached, the target's own token is not)."""
+    first loses the context's last `lag` tokens: 1 after a round that rejected a draft (the drafts it kept are
+    cached, the target's own token is not), 2 after one that accepted all."""
     rng = np.random.default_rng(0)
 
     def one_round():
         if isinstance(drafter, ModelDrafter):
             backend = drafter.backend
-            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - 1, 0)))
+            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - lag, 0)))
         catch_up(drafter, context)
         drafter.propose(context, k, params, rng)
 
@@ -320,8 +324,19 @@ def measure_draft_round(drafter, context: list[int], k: int, params: SamplingPar
     return _median_time(one_round, reps)
 
 
+def measure_overhead(engine, prompt: str, params: SamplingParams, step: float, tokens: int = 24) -> float:
+    """The loop's seconds per round beyond a target pass and its row: a real target-only answer's time per
+    pass, less what the pass and the row cost when timed alone (`step`)."""
+    from edgespec.api import Engine
+
+    stats = Engine(engine.target, None, None).generate(prompt, max_tokens=tokens, temperature=params.temperature,
+                                                       top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                                                       seed=0).stats
+    return max(stats.decode_s / max(stats.target_passes, 1) - step, 0.0)
+
+
 def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray | None, target_costs: dict[int, float],
-                   row_cost: float, params: SamplingParams, k_max: int) -> Costs:
+                   row_cost: float, overhead: float, params: SamplingParams, k_max: int) -> Costs:
     """Costs measured on this device: the target's (measured once for every draft) and this drafter's rounds at
     the user's sampling settings, after `context` (heads: from the target's state hidden_row at its end)."""
     if hasattr(drafter, "reset"):
@@ -330,12 +345,15 @@ def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray |
         drafter.observe_target(_HiddenRows(hidden_row[None]), 0, len(context) - 2)
     one, most = (measure_draft_round(drafter, context, k, params) for k in (1, k_max))
     per_token = max((most - one) / (k_max - 1), 0.0) if k_max > 1 else one
+    all_accepted = 0.0
+    if isinstance(drafter, ModelDrafter):
+        all_accepted = max(measure_draft_round(drafter, context, 1, params, lag=2) - one, 0.0)
     if hasattr(drafter, "reset"):
         drafter.reset()
     if isinstance(drafter, ModelDrafter):
         drafter.backend.rollback(0)
     return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device",
-                 per_token if isinstance(drafter, ModelDrafter) else 0.0)
+                 all_accepted, overhead)
 
 
 def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, profiles=None) -> Costs:
@@ -347,16 +365,15 @@ def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, 
     plan = plan_for(target_path, draft_path, device=profile_name, profiles=profiles, measure_bandwidth=False)
     bandwidth = plan.profile.bandwidth
     step = plan.target.weights / bandwidth
-    all_accepted = 0.0
     if plan.draft is not None:
         fixed, per_token = 0.0, plan.draft.weights / bandwidth
-        all_accepted = per_token
     elif heads_kind(draft_path):
         fixed, per_token = 0.0, Path(draft_path).stat().st_size / bandwidth
     else:
         fixed, per_token = measured.draft_fixed, measured.draft_per_token
     return Costs({n: step for n in measured.target}, fixed, per_token, measured.row,
-                 f"roofline of profile {profile_name} ({bandwidth / 1e9:.0f} GB/s; memory-bound passes)", all_accepted)
+                 f"roofline of profile {profile_name} ({bandwidth / 1e9:.0f} GB/s; memory-bound passes)",
+                 0.0, measured.overhead)
 
 
 # --- prediction -------------------------------------------------------------------------------------------
@@ -570,9 +587,10 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
         if len(answer) >= 2 else (prompt, None)
     target_costs = measure_pass_costs(engine.target, k_max + 1, reps=5)
     row_cost = measure_row_cost(logits[-1], params)
+    overhead = measure_overhead(engine, calibration[-1]["prompt"], params, target_costs[1] + row_cost)
     drafts = {}
     for name, drafter in drafters.items():
-        costs = measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, params, k_max)
+        costs = measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, overhead, params, k_max)
         if device not in (None, "auto"):
             costs = roofline_costs(costs, paths["target"], paths[name], device, profiles)
         cats = sorted({a.cat for a in answers[name]})
@@ -629,7 +647,8 @@ def format_advice(report: dict) -> str:
         passes = " ".join(f"{n}:{ms:.1f}" for n, ms in c["target_pass_ms"].items())
         lines += ["", f"draft {name}", f"  costs ({c['source']}): target pass ms by tokens {passes}; draft round "
                   f"{c['draft_round_fixed_ms']:.2f} + {c['draft_per_token_ms']:.2f}/token ms (+"
-                  f"{c['draft_all_accepted_ms']:.2f} after all accepted); row {c['row_ms']:.2f} ms; target-only "
+                  f"{c['draft_all_accepted_ms']:.2f} after all accepted); row {c['row_ms']:.2f} ms; loop "
+                  f"{c['overhead_ms']:.2f} ms/round; target-only "
                   f"{c['target_only_tokens_per_second']:.1f} tok/s"]
         k_max = report["k_max"]
         lines.append(f"  {'category':<9}{'pos':>5}{'drafted':>8}{'top1':>6}{'accept':>7}{'TV':>6}{'KL t|d':>7}"
