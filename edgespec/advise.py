@@ -70,21 +70,25 @@ def per_category(prompts: list[dict], start: int, count: int) -> list[dict]:
     return [row for rows in by_cat.values() for row in rows[start:start + count]]
 
 
-def choose_prompts(prompts_file: str | Path | None, per_cat: int, check_per_cat: int) -> tuple[list[dict], list[dict]]:
+def choose_prompts(prompts_file: str | Path | None, per_cat: int, check_per_cat: int,
+                   check_file: str | Path | None = None) -> tuple[list[dict], list[dict]]:
     """(calibration prompts, held-out prompts). Built-in: the first per_cat training prompts of each category
-    for calibration; the bench set plus the next check_per_cat training prompts of each category held out.
-    A user's file: its prompts alternate between the two within each category."""
+    calibrate, the next check_per_cat are held out (the same kind of prompts, none used twice). A user's file:
+    its prompts alternate between the two within each category. check_file: held-out prompts of your own
+    (e.g. the bench set, to see how far a calibration carries to other prompts)."""
     from edgespec.bench import read_prompts
 
     if prompts_file is None:
         train = builtin_prompts("train")
-        return per_category(train, 0, per_cat), builtin_prompts("bench") + per_category(train, per_cat, check_per_cat)
-    prompts = read_prompts(prompts_file)
-    seen: dict[str, int] = defaultdict(int)
-    calibration, held_out = [], []
-    for row in prompts:
-        (calibration if seen[row["cat"]] % 2 == 0 else held_out).append(row)
-        seen[row["cat"]] += 1
+        calibration, held_out = per_category(train, 0, per_cat), per_category(train, per_cat, check_per_cat)
+    else:
+        seen: dict[str, int] = defaultdict(int)
+        calibration, held_out = [], []
+        for row in read_prompts(prompts_file):
+            (calibration if seen[row["cat"]] % 2 == 0 else held_out).append(row)
+            seen[row["cat"]] += 1
+    if check_file is not None:
+        held_out = read_prompts(check_file)
     return calibration, held_out
 
 
@@ -508,7 +512,8 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
         controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
         engines[name] = Engine(engine.target, drafter, controller, backend)
     modes = [(None, 0)] + [(name, k) for name in drafters for k in range(1, k_max + 1)]
-    totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0})
+    totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0,
+                                  "per_prompt": []})
     bar = click.progressbar(length=len(prompts) * len(modes), label="checking", file=sys.stderr) if progress else None
     for i, row in enumerate(prompts):
         shift = i % len(modes)
@@ -523,6 +528,7 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
                 t["drafted"] += result.stats.drafted
                 t["accepted"] += result.stats.accepted
                 t["prompts"] += 1
+                t["per_prompt"].append((result.stats.drafted, result.stats.accepted))
             if bar:
                 bar.update(1)
     if bar:
@@ -538,12 +544,23 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
             for k in range(1, k_max + 1):
                 t = totals[(name, k, cat)]
                 lengths[k] = {"acceptance": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
+                              "acceptance_interval": pooled_interval(t["per_prompt"]),
                               "speedup": round(t["tokens"] / t["seconds"] / base_tps, 3)}
             best = max(lengths, key=lambda k: lengths[k]["speedup"])
             out[name][cat] = {"prompts": base["prompts"], "tokens": base["tokens"],
                               "target_only_tokens_per_second": round(base_tps, 2), "draft_lengths": lengths,
                               "best_draft_length": best if lengths[best]["speedup"] > 1.0 else 0}
     return out
+
+
+def pooled_interval(per_prompt: list[tuple[int, int]], seed: int = 0) -> list[float]:
+    """90 % bootstrap interval over prompts of accepted / drafted pooled from (drafted, accepted) per prompt:
+    how much the measured acceptance itself depends on which prompts were held out."""
+    counts = np.array(per_prompt, dtype=float).reshape(-1, 2)  # [prompts, (drafted, accepted)]
+    idx = np.random.default_rng(seed).integers(0, len(counts), size=(BOOTSTRAP, len(counts)))
+    drafted, accepted = counts[idx, 0].sum(axis=1), counts[idx, 1].sum(axis=1)
+    rates = accepted[drafted > 0] / drafted[drafted > 0]
+    return [round(float(x), 4) for x in np.percentile(rates, INTERVAL)] if len(rates) else [0.0, 0.0]
 
 
 def compare(prediction: dict, measured: dict) -> dict:
@@ -555,7 +572,8 @@ def compare(prediction: dict, measured: dict) -> dict:
     best = max(measured_at, key=measured_at.get)
     chosen = measured_at[prediction["best_draft_length"]]
     return {"draft_length": k, "recommended_draft_length": prediction["best_draft_length"],
-            "acceptance_predicted": pred["acceptance"], "acceptance_measured": meas["acceptance"],
+            "acceptance_predicted": pred["acceptance"], "acceptance_predicted_interval": pred["acceptance_interval"],
+            "acceptance_measured": meas["acceptance"], "acceptance_measured_interval": meas["acceptance_interval"],
             "acceptance_error": round(pred["acceptance"] - meas["acceptance"], 4),
             "speedup_predicted": pred["speedup"], "speedup_interval": pred["speedup_interval"],
             "speedup_measured": meas["speedup"], "best_measured_draft_length": best,
@@ -676,12 +694,15 @@ def format_advice(report: dict) -> str:
         for name, cats in report["check"]["drafts"].items():
             lines.append(f"  draft {name}: target-only {cats['overall']['target_only_tokens_per_second']:.1f} tok/s "
                          f"measured, {report['drafts'][name]['costs']['target_only_tokens_per_second']:.1f} predicted")
-            lines.append(f"  {'category':<9}{'k':>3}{'accept pred':>12}{'meas':>7}{'err':>7}{'speed pred':>12}"
+            lines.append(f"  {'category':<9}{'k':>3}{'accept pred':>12}{'meas':>7}{'meas interval':>15}{'err':>7}"
+                         f"{'speed pred':>12}"
                          f"{'interval':>15}{'meas':>7}{'best k':>8}{'best':>7}{'within 10%':>12}")
             for cat, c in cats.items():
                 lo, hi = c["speedup_interval"]
+                a_lo, a_hi = c["acceptance_measured_interval"]
                 lines.append(f"  {cat:<9}{c['recommended_draft_length']:>3}{c['acceptance_predicted']:>12.3f}"
-                             f"{c['acceptance_measured']:>7.3f}{c['acceptance_error']:>+7.3f}"
+                             f"{c['acceptance_measured']:>7.3f}{f'[{a_lo:.2f}, {a_hi:.2f}]':>15}"
+                             f"{c['acceptance_error']:>+7.3f}"
                              f"{c['speedup_predicted']:>12.3f}"
                              f"{f'[{lo:.2f}, {hi:.2f}]':>15}"
                              f"{c['recommended_measured_speedup']:>7.3f}{c['best_measured_draft_length']:>8}"

@@ -575,12 +575,15 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
 @click.option("--check", is_flag=True,
               help="Then run real speculative decoding on held-out prompts at every draft length: predicted vs "
                    "measured")
-@click.option("--check-per-category", type=click.IntRange(0), default=2, show_default=True,
-              help="Built-in training prompts per category held out for --check, beside the bench prompts")
+@click.option("--check-per-category", type=click.IntRange(0), default=8, show_default=True,
+              help="Built-in training prompts per category held out for --check (after the calibration ones)")
+@click.option("--check-prompts", "check_file", type=click.Path(exists=True, dir_okay=False),
+              help="Held-out prompts for --check from this JSONL instead (e.g. edgespec/data/prompts.jsonl, the "
+                   "bench set)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
 def advise(load_engine, also, prompts_file, per_category, max_tokens, temperature, top_p, k_max, check,
-           check_per_category, seed, as_json):
+           check_per_category, check_file, seed, as_json):
     """Predict acceptance and speed-up per category and draft length from a calibration sample, recommend a
     draft and a draft length (or not to speculate); --check measures the prediction on held-out prompts."""
     from edgespec import advise as advice
@@ -594,7 +597,7 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
     if len(set(names)) < len(names):
         raise EdgespecError("each draft once, please: " + ", ".join(names))
     params = SamplingParams(temperature=temperature, top_p=top_p)
-    calibration, held_out = advice.choose_prompts(prompts_file, per_category, check_per_category)
+    calibration, held_out = advice.choose_prompts(prompts_file, per_category, check_per_category, check_file)
     if check and not held_out:
         raise EdgespecError(f"{prompts_file} leaves no prompt to hold out for --check: give two or more per category")
     if not as_json:

@@ -139,12 +139,20 @@ def test_calibration_bins_measure_how_often_the_draft_is_right():
 
 def test_check_compares_at_the_recommended_length():
     prediction = {"best_draft_length": 3, "draft_lengths": {
-        k: {"acceptance": 0.6, "speedup": 1.0 + k / 10, "speedup_interval": [1.0, 1.5]} for k in (1, 2, 3)}}
-    measured = {"draft_lengths": {1: {"acceptance": 0.5, "speedup": 1.3}, 2: {"acceptance": 0.5, "speedup": 1.1},
-                                  3: {"acceptance": 0.55, "speedup": 1.15}}}
+        k: {"acceptance": 0.6, "acceptance_interval": [0.5, 0.7], "speedup": 1.0 + k / 10,
+            "speedup_interval": [1.0, 1.5]} for k in (1, 2, 3)}}
+    measured = {"draft_lengths": {k: {"acceptance": a, "acceptance_interval": [a - 0.1, a + 0.1], "speedup": v}
+                                  for k, a, v in [(1, 0.5, 1.3), (2, 0.5, 1.1), (3, 0.55, 1.15)]}}
     c = advise.compare(prediction, measured)
     assert c["acceptance_error"] == pytest.approx(0.05) and c["best_measured_draft_length"] == 1
     assert c["recommended_measured_speedup"] == 1.15 and not c["within_10_percent"]  # 1.15 < 0.9 * 1.3
+
+
+def test_measured_interval_pools_prompts():
+    same = advise.pooled_interval([(10, 5)] * 8)
+    assert same == [0.5, 0.5]  # identical prompts: no doubt
+    lo, hi = advise.pooled_interval([(10, 1), (10, 9)] * 4)
+    assert lo < 0.5 < hi and hi - lo > 0.2
 
 
 @pytest.mark.slow
