@@ -102,6 +102,7 @@ class Answer:
     beta: np.ndarray  # [n, k_max]: acceptance probability at depth j of a round starting at i; NaN: not drafted
     beta_t0: np.ndarray  # [n, k_max]: the same at temperature 0 (== beta when the user's temperature is 0)
     stats: dict[str, np.ndarray]  # name -> [n] depth-1 statistics (NaN where the draft proposes nothing)
+    prompt_tokens: int = 0
 
     @property
     def n(self) -> int:
@@ -252,7 +253,7 @@ def calibrate(engine, drafters: dict[str, object], prompts: list[dict], *, param
             answer, logits, hidden = target_answer(target, prompt, params, rng, room)
             for name, drafter in drafters.items():
                 beta, beta_t0, stats = draft_tables(drafter, target, prompt, answer, logits, hidden, params, k_max, rng)
-                out[name].append(Answer(row["cat"], beta, beta_t0, stats))
+                out[name].append(Answer(row["cat"], beta, beta_t0, stats, len(prompt)))
         if bar:
             bar.update(1)
     if bar:
@@ -603,7 +604,12 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
     answer, logits, hidden = target_answer(engine.target, prompt, params, np.random.default_rng(seed), 8)
     context, hidden_row = ([*prompt, *answer[:-1]], hidden[-2] if hidden is not None else None) \
         if len(answer) >= 2 else (prompt, None)
-    target_costs = measure_pass_costs(engine.target, k_max + 1, reps=5)
+    # passes timed at the calibration's mean context: a pass over a few tokens grows with it (SmolLM2 Q4_1 here,
+    # 2 tokens: 15.5 ms after 32 tokens, 17.9 ms after 400)
+    first = next(iter(answers.values()))
+    mean_context = int(np.mean([a.prompt_tokens + a.n / 2 for a in first]))
+    target_costs = measure_pass_costs(engine.target, k_max + 1, reps=5,
+                                      context=max(1, min(mean_context, engine.target.n_ctx - k_max - 2)))
     row_cost = measure_row_cost(logits[-1], params)
     overhead = measure_overhead(engine, calibration[-1]["prompt"], params, target_costs[1] + row_cost)
     drafts = {}
