@@ -13,7 +13,9 @@ Prediction: a walk along each answer replays the loop's rounds for a draft lengt
 probability beta, emit the accepted drafts and one token from the target, go on after them; at temperature
 0 beta is 0 or 1 and the walk is the loop's own path). With the device's costs of a target pass over n
 tokens, of a draft round and of turning a row of logits into probabilities, the walk's time against the
-target-only time is the predicted speed ratio; intervals come from resampling prompts (bootstrap).
+target-only time is the predicted speed ratio; intervals come from resampling prompts (bootstrap). The
+costs are timed part by part (how a pass grows with its tokens, a draft round's fixed and per-token work),
+then scaled to what a few real answers, target-only and speculative, spend on each part.
 
 `--check` runs real speculative decoding on held-out prompts at every draft length and prints predicted
 against measured side by side.
@@ -62,31 +64,31 @@ def builtin_prompts(name: str) -> list[dict]:
         return read_prompts(p)
 
 
-def per_category(prompts: list[dict], start: int, count: int) -> list[dict]:
-    """Prompts [start, start + count) of every category, categories in order of first appearance."""
+def split_alternate(prompts: list[dict], per_cat: int | None = None,
+                    check_per_cat: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(calibration, held out): within each category the prompts alternate between the two, so a run of prompts
+    written from one template (a file often holds them in blocks) lands on both sides; at most per_cat and
+    check_per_cat of each category (None: all)."""
     by_cat: dict[str, list[dict]] = defaultdict(list)
     for row in prompts:
         by_cat[row["cat"]].append(row)
-    return [row for rows in by_cat.values() for row in rows[start:start + count]]
+    calibration = [row for rows in by_cat.values() for row in rows[0::2][:per_cat]]
+    held_out = [row for rows in by_cat.values() for row in rows[1::2][:check_per_cat]]
+    return calibration, held_out
 
 
 def choose_prompts(prompts_file: str | Path | None, per_cat: int, check_per_cat: int,
                    check_file: str | Path | None = None) -> tuple[list[dict], list[dict]]:
-    """(calibration prompts, held-out prompts). Built-in: the first per_cat training prompts of each category
-    calibrate, the next check_per_cat are held out (the same kind of prompts, none used twice). A user's file:
-    its prompts alternate between the two within each category. check_file: held-out prompts of your own
-    (e.g. the bench set, to see how far a calibration carries to other prompts)."""
+    """(calibration prompts, held-out prompts). Built-in: the training prompts of each category alternate between
+    calibration (per_cat of them) and held out (check_per_cat), none used twice. A user's file: all its prompts
+    alternate between the two within each category. check_file: held-out prompts of your own (e.g. the bench
+    set, to see how far a calibration carries to other prompts)."""
     from edgespec.bench import read_prompts
 
     if prompts_file is None:
-        train = builtin_prompts("train")
-        calibration, held_out = per_category(train, 0, per_cat), per_category(train, per_cat, check_per_cat)
+        calibration, held_out = split_alternate(builtin_prompts("train"), per_cat, check_per_cat)
     else:
-        seen: dict[str, int] = defaultdict(int)
-        calibration, held_out = [], []
-        for row in read_prompts(prompts_file):
-            (calibration if seen[row["cat"]] % 2 == 0 else held_out).append(row)
-            seen[row["cat"]] += 1
+        calibration, held_out = split_alternate(read_prompts(prompts_file))
     if check_file is not None:
         held_out = read_prompts(check_file)
     return calibration, held_out
@@ -271,7 +273,8 @@ class Costs:
     and turning one row of logits into probabilities and running the rule on it. A draft model reads its own
     last draft only after a round that accepted all of them (before, it never needed its logits): one more
     step then, `draft_all_accepted` (what reading one more token in its next pass adds). `overhead`: the loop's
-    own work per round (text, bookkeeping), measured from a real target-only answer."""
+    own work per speculative round (text, bookkeeping), and `plain` a round of target-only decoding, both taken
+    from real answers (None: a pass over one token, its row and the overhead)."""
 
     target: dict[int, float]
     draft_fixed: float
@@ -280,10 +283,18 @@ class Costs:
     source: str
     draft_all_accepted: float = 0.0
     overhead: float = 0.0
+    plain: float | None = None
+
+    @property
+    def target_only(self) -> float:
+        """Seconds per token of target-only decoding."""
+        return self.plain if self.plain is not None else self.target[1] + self.row + self.overhead
 
     def round(self, n_drafted: int, k: int, n_accepted: int = 0) -> float:
         """A round that asked for k drafts, got n_drafted and kept n_accepted: the draft's work, the pass, the rows."""
-        draft = self.draft_fixed + self.draft_per_token * n_drafted if k > 0 else 0.0
+        if k == 0:
+            return self.target_only
+        draft = self.draft_fixed + self.draft_per_token * n_drafted
         if n_drafted and n_accepted == n_drafted:
             draft += self.draft_all_accepted
         return draft + self.target[n_drafted + 1] + (n_drafted + 1) * self.row + self.overhead
@@ -294,7 +305,7 @@ class Costs:
                 "draft_per_token_ms": round(1000 * self.draft_per_token, 3),
                 "draft_all_accepted_ms": round(1000 * self.draft_all_accepted, 3), "row_ms": round(1000 * self.row, 3),
                 "overhead_ms": round(1000 * self.overhead, 3),
-                "target_only_tokens_per_second": round(1.0 / (self.target[1] + self.row + self.overhead), 2)}
+                "target_only_tokens_per_second": round(1.0 / self.target_only, 2)}
 
 
 def _median_time(fn, reps: int) -> float:
@@ -329,19 +340,55 @@ def measure_draft_round(drafter, context: list[int], k: int, params: SamplingPar
     return _median_time(one_round, reps)
 
 
-def measure_overhead(engine, prompt: str, params: SamplingParams, step: float, tokens: int = 24) -> float:
-    """The loop's seconds per round beyond a target pass and its row: a real target-only answer's time per
-    pass, less what the pass and the row cost when timed alone (`step`)."""
+def _engines(engine, drafter, k_max: int):
+    """(target-only engine, speculative engine with this drafter) sharing engine's loaded models."""
     from edgespec.api import Engine
 
-    stats = Engine(engine.target, None, None).generate(prompt, max_tokens=tokens, temperature=params.temperature,
-                                                       top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                                                       seed=0).stats
-    return max(stats.decode_s / max(stats.target_passes, 1) - step, 0.0)
+    backend = drafter.backend if isinstance(drafter, ModelDrafter) else None
+    controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
+    return Engine(engine.target, None, None), Engine(engine.target, drafter, controller, backend)
+
+
+def in_loop(engine, drafter, costs: Costs, prompts: list[str], params: SamplingParams, k_max: int,
+            tokens: int) -> Costs:
+    """The costs as the loop pays them. Each prompt is answered by the target alone and speculatively (draft
+    lengths 1..k_max in turn). Target-only decoding costs what those answers took per token. In the speculative
+    answers, the time spent drafting and in target passes (rows included) against what the components timed
+    alone predict for the same rounds scales them (in the loop draft and target alternate and compete for the
+    CPU's caches, and the machine's speed drifts between timings), and the rest of each round is the loop's own
+    overhead."""
+    alone, spec = _engines(engine, drafter, k_max)
+    plain = {"seconds": 0.0, "tokens": 0}
+    spent = {"draft": 0.0, "target": 0.0, "rest": 0.0, "rounds": 0}
+    model = {"draft": 0.0, "target": 0.0}
+    for i, prompt in enumerate(prompts):
+        settings = dict(max_tokens=tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                        min_p=params.min_p, seed=i)
+        stats = alone.generate(prompt, **settings).stats
+        plain["seconds"] += stats.decode_s
+        plain["tokens"] += stats.target_passes
+        k = 1 + i % k_max
+        stats = spec.generate(prompt, draft_max=k, **settings).stats
+        spent["draft"] += stats.draft_s
+        spent["target"] += stats.target_s
+        spent["rest"] += stats.decode_s - stats.draft_s - stats.target_s
+        spent["rounds"] += stats.target_passes
+        for n, rounds in stats.draft_lengths.items():
+            model["draft"] += rounds * (costs.draft_fixed + costs.draft_per_token * n)
+            model["target"] += rounds * (costs.target[n + 1] + (n + 1) * costs.row)
+        model["draft"] += stats.accept_counts[k] * costs.draft_all_accepted
+    draft_scale = spent["draft"] / model["draft"] if model["draft"] > 0 else 1.0
+    target_scale = spent["target"] / model["target"] if model["target"] > 0 else 1.0
+    return Costs({n: t * target_scale for n, t in costs.target.items()}, costs.draft_fixed * draft_scale,
+                 costs.draft_per_token * draft_scale, costs.row * target_scale,
+                 f"{costs.source}, scaled to {len(prompts)} real answers (draft x{draft_scale:.2f}, "
+                 f"target x{target_scale:.2f})", costs.draft_all_accepted * draft_scale,
+                 max(spent["rest"] / max(spent["rounds"], 1), 0.0),
+                 plain["seconds"] / plain["tokens"] if plain["tokens"] else None)
 
 
 def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray | None, target_costs: dict[int, float],
-                   row_cost: float, overhead: float, params: SamplingParams, k_max: int) -> Costs:
+                   row_cost: float, params: SamplingParams, k_max: int) -> Costs:
     """Costs measured on this device: the target's (measured once for every draft) and this drafter's rounds at
     the user's sampling settings, after `context` (heads: from the target's state hidden_row at its end)."""
     if hasattr(drafter, "reset"):
@@ -358,7 +405,7 @@ def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray |
     if isinstance(drafter, ModelDrafter):
         drafter.backend.rollback(0)
     return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device",
-                 all_accepted, overhead)
+                 all_accepted)
 
 
 def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, profiles=None) -> Costs:
@@ -505,13 +552,9 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
               params: SamplingParams, progress: bool = False) -> dict:
     """Measured tokens/s of target-only decoding and of every drafter at every draft length 1..k_max on the same
     prompts; modes rotate per prompt so that none always runs on the warmest cache. {draft: {cat: {k: ...}}}."""
-    from edgespec.api import Engine
-
-    engines = {None: Engine(engine.target, None, None)}
+    engines = {None: _engines(engine, None, k_max)[0]}
     for name, drafter in drafters.items():
-        backend = drafter.backend if isinstance(drafter, ModelDrafter) else None
-        controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
-        engines[name] = Engine(engine.target, drafter, controller, backend)
+        engines[name] = _engines(engine, drafter, k_max)[1]
     modes = [(None, 0)] + [(name, k) for name in drafters for k in range(1, k_max + 1)]
     totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0,
                                   "per_prompt": []})
@@ -611,10 +654,12 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
     target_costs = measure_pass_costs(engine.target, k_max + 1, reps=5,
                                       context=max(1, min(mean_context, engine.target.n_ctx - k_max - 2)))
     row_cost = measure_row_cost(logits[-1], params)
-    overhead = measure_overhead(engine, calibration[-1]["prompt"], params, target_costs[1] + row_cost)
+    firsts = {row["cat"]: row["prompt"] for row in reversed(calibration)}  # the first prompt of each category
     drafts = {}
     for name, drafter in drafters.items():
-        costs = measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, overhead, params, k_max)
+        costs = in_loop(engine, drafter,
+                        measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, params, k_max),
+                        list(firsts.values()), params, k_max, max_tokens)
         if device not in (None, "auto"):
             costs = roofline_costs(costs, paths["target"], paths[name], device, profiles)
         cats = sorted({a.cat for a in answers[name]})

@@ -576,7 +576,8 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
               help="Then run real speculative decoding on held-out prompts at every draft length: predicted vs "
                    "measured")
 @click.option("--check-per-category", type=click.IntRange(0), default=8, show_default=True,
-              help="Built-in training prompts per category held out for --check (after the calibration ones)")
+              help="Built-in training prompts per category held out for --check (alternating with the "
+                   "calibration ones)")
 @click.option("--check-prompts", "check_file", type=click.Path(exists=True, dir_okay=False),
               help="Held-out prompts for --check from this JSONL instead (e.g. edgespec/data/prompts.jsonl, the "
                    "bench set)")

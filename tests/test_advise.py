@@ -2,6 +2,7 @@
 and the command on the real model (predicted against measured on the same prompts)."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -112,6 +113,28 @@ def test_speed_ratio_draft_length_and_advice_follow_the_costs():
     assert advise.recommend({"dear": drafts["dear"]})["x"]["draft"] is None
 
 
+class SlowDraft(FakeBackend):
+    """A draft model whose every token costs 3 ms of wall time."""
+
+    def forward(self, tokens, n_logits):
+        time.sleep(0.003 * len(tokens))
+        return super().forward(tokens, n_logits)
+
+
+def test_costs_scale_to_what_the_loop_spends():
+    """Components timed alone (here: given wrong on purpose, a draft token at 1 ms and a target pass at 1 s) are
+    scaled to what real answers spend on them: drafting costs several ms per token, the fake target next to
+    nothing, and target-only decoding is what its answers took."""
+    target = FakeBackend(table(0))
+    engine = Engine(target, ModelDrafter(SlowDraft(table(0) + table(1)), target.vocab), controller())
+    wrong = advise.Costs({n: 1.0 for n in range(1, 5)}, 0.0, 0.001, 0.0, "given")
+    costs = advise.in_loop(engine, engine.drafter, wrong, [p["prompt"] for p in PROMPTS], SamplingParams(), 3, 12)
+    assert 0.0025 < costs.draft_per_token < 0.03 and costs.draft_fixed == 0.0
+    assert costs.target[1] < 0.01 and costs.target[4] == pytest.approx(costs.target[1])
+    assert costs.plain is not None and costs.plain < 0.01 and costs.overhead < 0.01
+    assert costs.target_only == costs.plain and costs.round(0, 0) == costs.plain
+
+
 def test_statistics_are_the_distances_they_name():
     rng = np.random.default_rng(3)
     p, q = rng.dirichlet(np.ones(7), size=4), rng.dirichlet(np.ones(7), size=4)
@@ -153,6 +176,21 @@ def test_measured_interval_pools_prompts():
     assert same == [0.5, 0.5]  # identical prompts: no doubt
     lo, hi = advise.pooled_interval([(10, 1), (10, 9)] * 4)
     assert lo < 0.5 < hi and hi - lo > 0.2
+
+
+def test_prompts_alternate_so_every_template_lands_on_both_sides():
+    """A category written in blocks of one template each: calibration and held-out prompts both see every block,
+    none is used twice, and the counts are capped per category."""
+    rows = [{"cat": cat, "prompt": f"{cat} template {t} #{i}"} for cat in ("rag", "code") for t in range(3)
+            for i in range(4)]
+    calibration, held_out = advise.split_alternate(rows, 5, 6)
+    for cat in ("rag", "code"):
+        cal = [r["prompt"] for r in calibration if r["cat"] == cat]
+        held = [r["prompt"] for r in held_out if r["cat"] == cat]
+        assert len(cal) == 5 and len(held) == 6 and not set(cal) & set(held)
+        assert {p.split()[2] for p in held} == {"0", "1", "2"} and {p.split()[2] for p in cal} == {"0", "1", "2"}
+    everything = advise.split_alternate(rows)
+    assert len(everything[0]) == len(everything[1]) == 12
 
 
 @pytest.mark.slow
