@@ -340,13 +340,20 @@ def measure_draft_round(drafter, context: list[int], k: int, params: SamplingPar
     return _median_time(one_round, reps)
 
 
-def _engines(engine, drafter, k_max: int):
-    """(target-only engine, speculative engine with this drafter) sharing engine's loaded models."""
+def _target_only(engine):
+    """An engine decoding with engine's target alone."""
+    from edgespec.api import Engine
+
+    return Engine(engine.target, None, None)
+
+
+def _speculative(engine, drafter, k_max: int):
+    """An engine drafting with this drafter for engine's target (its loaded models shared)."""
     from edgespec.api import Engine
 
     backend = drafter.backend if isinstance(drafter, ModelDrafter) else None
     controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
-    return Engine(engine.target, None, None), Engine(engine.target, drafter, controller, backend)
+    return Engine(engine.target, drafter, controller, backend)
 
 
 def in_loop(engine, drafter, costs: Costs, prompts: list[str], params: SamplingParams, k_max: int,
@@ -354,10 +361,9 @@ def in_loop(engine, drafter, costs: Costs, prompts: list[str], params: SamplingP
     """The costs as the loop pays them. Each prompt is answered by the target alone and speculatively (draft
     lengths 1..k_max in turn). Target-only decoding costs what those answers took per token. In the speculative
     answers, the time spent drafting and in target passes (rows included) against what the components timed
-    alone predict for the same rounds scales them (in the loop draft and target alternate and compete for the
-    CPU's caches, and the machine's speed drifts between timings), and the rest of each round is the loop's own
-    overhead."""
-    alone, spec = _engines(engine, drafter, k_max)
+    alone predict for the same rounds scales them (here prompt lookup x2.5-3, target passes x0.94-1.19,
+    varying between runs), and the rest of each round is the loop's own overhead."""
+    alone, spec = _target_only(engine), _speculative(engine, drafter, k_max)
     plain = {"seconds": 0.0, "tokens": 0}
     spent = {"draft": 0.0, "target": 0.0, "rest": 0.0, "rounds": 0}
     model = {"draft": 0.0, "target": 0.0}
@@ -552,9 +558,7 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
               params: SamplingParams, progress: bool = False) -> dict:
     """Measured tokens/s of target-only decoding and of every drafter at every draft length 1..k_max on the same
     prompts; modes rotate per prompt so that none always runs on the warmest cache. {draft: {cat: {k: ...}}}."""
-    engines = {None: _engines(engine, None, k_max)[0]}
-    for name, drafter in drafters.items():
-        engines[name] = _engines(engine, drafter, k_max)[1]
+    engines = {None: _target_only(engine), **{name: _speculative(engine, d, k_max) for name, d in drafters.items()}}
     modes = [(None, 0)] + [(name, k) for name in drafters for k in range(1, k_max + 1)]
     totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0,
                                   "per_prompt": []})
@@ -657,6 +661,8 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
     firsts = {row["cat"]: row["prompt"] for row in reversed(calibration)}  # the first prompt of each category
     drafts = {}
     for name, drafter in drafters.items():
+        if progress:  # a minute or so without a bar: the parts timed, then a few real answers
+            click.echo(f"timing {name} on this device ...", err=True)
         costs = in_loop(engine, drafter,
                         measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, params, k_max),
                         list(firsts.values()), params, k_max, max_tokens)

@@ -616,7 +616,7 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
             paths[drafter.name] = other
         result = advice.advise(engine, drafters, calibration, params=params, k_max=k_max, max_tokens=max_tokens,
                                device=options["device"], paths=paths, profiles=options["profiles"],
-                               held_out=held_out if check else None, progress=not as_json and sys.stderr.isatty(),
+                               held_out=held_out if check else None, progress=sys.stderr.isatty(),
                                seed=seed)
     finally:
         for backend in extra:

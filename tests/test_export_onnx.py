@@ -92,6 +92,18 @@ def test_external_data_goes_with_the_model_and_no_stale_file_stays(tiny_checkpoi
     assert result["weight_bytes"] == pytest.approx(tiny_exports[quant]["weight_bytes"], rel=0.05)
 
 
+def test_int8_weights_keep_to_7_bits(tiny_exports):
+    """Full-range int8 weights saturate onnxruntime's u8s8 kernel on x86 CPUs without VNNI (two products of
+    255 * 127 overflow its 16-bit sums; 255 * 64 do not): the export must use 7 bits whichever CPU made it."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(Path(tiny_exports["int8"]["path"]) / onnx_export.MODEL_FILE))
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert weights and sum(w.size for w in weights) > 10_000
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == 64
+
+
 def test_quiet_export_writes_nothing_to_stdout(tiny_checkpoint, tmp_path, capfd):
     result = export_onnx(tiny_checkpoint, tmp_path / "m", "int8", progress=False, parity=False)
     out, err = capfd.readouterr()
