@@ -72,7 +72,7 @@ def test_corpus_resumes_and_refuses_other_settings(corpus_dir, default_gguf, mon
     (corpus_dir / "shard-00001.npz").unlink()  # as if interrupted before the last shard was renamed into place
     calls = []
     real = corpus_module._answer_shard
-    monkeypatch.setattr(corpus_module, "_answer_shard", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(corpus_module, "_answer_shard", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     build_corpus(default_gguf, PROMPTS, corpus_dir, max_tokens=12, hidden=True, shard_size=2, progress=False)
     assert calls == [PROMPTS[2:]]  # only the missing shard was answered again
     assert (corpus_dir / "shard-00001.npz").read_bytes() == before  # greedy: the same answer
@@ -83,6 +83,50 @@ def test_corpus_resumes_and_refuses_other_settings(corpus_dir, default_gguf, mon
         build_corpus(default_gguf, PROMPTS, tmp_path, max_tokens=12, progress=False)
     with pytest.raises(EdgespecError, match="no corpus.json"):
         read_corpus(tmp_path)
+
+
+def test_a_faster_model_answers_and_the_target_scores(default_gguf, q4_0_gguf, tmp_path):
+    """--answers-from: the answer tokens are the answerer's greedy text, every record is the target's."""
+    from edgespec.api import load
+
+    out = tmp_path / "c"
+    manifest = build_corpus(default_gguf, PROMPTS[:2], out, max_tokens=12, hidden=True, shard_size=2,
+                            progress=False, answerer=q4_0_gguf)
+    assert manifest["settings"]["answerer"] == str(q4_0_gguf)
+    _, seqs = read_corpus(out)
+    answerer = load(q4_0_gguf, "none")
+    target = LlamaBackend(default_gguf, n_ctx=512, hidden=True)
+    differ = 0
+    for row, s in zip(PROMPTS[:2], seqs, strict=True):
+        answer = answerer.generate(row["prompt"], max_tokens=12, temperature=0.0).tokens
+        assert list(s.tokens[s.n_prompt:s.n_prompt + len(answer)]) == answer
+        ids, logits, lse, hidden = teacher_forced(target, list(s.tokens), s.n_prompt, 32)
+        np.testing.assert_array_equal(ids, s.topk_ids)
+        np.testing.assert_allclose(logits, s.topk_logits, atol=1e-4)
+        np.testing.assert_allclose(hidden.astype(np.float32), s.hidden.astype(np.float32), atol=1e-2)
+        differ += int(np.abs(logits[:, 0] - _top1_logits(answerer.target, s)).max() > 1e-2)
+    assert differ  # the records are not the answerer's own (the two quantizations disagree in the logits)
+    answerer.close()
+    # the same folder with the target answering is another corpus
+    with pytest.raises(EdgespecError, match="other settings"):
+        build_corpus(default_gguf, PROMPTS[:2], out, max_tokens=12, hidden=True, shard_size=2, progress=False)
+
+
+def _top1_logits(backend, s):
+    backend.rollback(0)
+    rows = backend.forward(list(s.tokens[:-1]), len(s.tokens) - s.n_prompt)
+    backend.rollback(0)
+    return rows.max(axis=1)
+
+
+def test_an_answerer_that_does_not_load_leaves_no_corpus_behind(default_gguf, tmp_path):
+    with pytest.raises(EdgespecError, match="does not exist"):
+        build_corpus(default_gguf, PROMPTS, tmp_path / "a", answerer=tmp_path / "missing.gguf", progress=False)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(EdgespecError):
+        build_corpus(default_gguf, PROMPTS, tmp_path / "b", answerer=broken, progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_teacher_forced_positions_align_with_the_answer(default_gguf):

@@ -1,8 +1,10 @@
 """A training corpus for drafts: the target's own answers to a prompt set, with what the target thought.
 
 For each prompt the target answers through edgespec's own engine (speculative decoding with prompt
-lookup: the answer is distributed exactly as the target's). Then one teacher-forced pass over prompt +
-answer records, at every position that predicts an answer token, the target's top-K logits and the
+lookup: the answer is distributed exactly as the target's), or a faster model sharing its vocabulary
+answers (`answerer`: a quantization of the target writes nearly the target's text at a fraction of the
+time, and the draft learns the target's distributions either way). Then one teacher-forced target pass
+over prompt + answer records, at every position that predicts an answer token, the target's top-K logits and the
 log-sum-exp of the whole row (so the top-K probabilities are exact, not renormalised), and, when asked,
 the target's final hidden state there (what Medusa and EAGLE heads read).
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import MAX_OUTPUTS
+from edgespec.runtime.backend import MAX_OUTPUTS, check_compatible
 
 MANIFEST = "corpus.json"
 VERSION = 1
@@ -39,6 +41,8 @@ class CorpusSettings:
     shard_size: int  # prompts per shard
     seed: int
     prompts_digest: str
+    answerer: str | None = None  # the model that wrote the answers, when not the target
+    answerer_size: int = 0
 
 
 def _digest(prompts: list[dict]) -> str:
@@ -53,37 +57,53 @@ def _target_size(path: Path) -> int:
 
 def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.PathLike, *, max_tokens: int = 160,
                  temperature: float = 0.0, top_k: int = 32, hidden: bool = False, shard_size: int = 16,
-                 seed: int = 0, n_ctx: int = 1024, threads: int | None = None, progress: bool = True) -> dict:
-    """Answer every prompt with the target and record its logits; return the manifest (also in out/corpus.json).
+                 seed: int = 0, n_ctx: int = 1024, threads: int | None = None, progress: bool = True,
+                 answerer: str | os.PathLike | None = None) -> dict:
+    """Answer every prompt and record the target's logits there; return the manifest (also in out/corpus.json).
 
     temperature 0 records greedy answers; above 0, sampled ones (prompt i is seeded with seed + i).
+    answerer: a model sharing the target's vocabulary and chat template that writes the answers instead of
+    the target (the records are the target's all the same).
     """
-    from edgespec.api import load
-
     target, out = Path(target), Path(out)
+    answerer = Path(answerer) if answerer is not None else None
     if not prompts:
         raise EdgespecError("no prompts to build a corpus from")
+    if answerer is not None and not answerer.exists():
+        raise EdgespecError(f"the answering model {answerer} does not exist")
     settings = CorpusSettings(str(target), _target_size(target), max_tokens, temperature, top_k, hidden,
-                              shard_size, seed, _digest(prompts))
+                              shard_size, seed, _digest(prompts), str(answerer) if answerer else None,
+                              _target_size(answerer) if answerer else 0)
+    was_there, fresh = out.exists(), not (out / MANIFEST).is_file()
     manifest = _open_manifest(out, settings)
     shards = [prompts[i:i + shard_size] for i in range(0, len(prompts), shard_size)]
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
-        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
+        try:
+            engine, scorer = _open_models(target, answerer, hidden=hidden, n_ctx=n_ctx, threads=threads)
+        except BaseException:
+            if fresh:  # a corpus this call began: models that do not load leave nothing behind
+                (out / MANIFEST).unlink()
+                if not was_there:
+                    out.rmdir()
+            raise
         bar = None
         if progress:  # minutes per shard on a CPU: a bar over prompts, starting at what earlier runs did
             import click
 
-            bar = click.progressbar(length=len(prompts), label="target answering prompts", file=sys.stderr,
+            who = "target" if answerer is None else answerer.name
+            bar = click.progressbar(length=len(prompts), label=f"{who} answering prompts", file=sys.stderr,
                                     show_pos=True)
             bar.update(sum(len(shards[i]) for i in range(len(shards)) if i not in todo))
         try:
             for i in todo:
-                arrays = _answer_shard(engine, shards[i], settings, first_index=i * shard_size,
+                arrays = _answer_shard(engine, scorer, shards[i], settings, first_index=i * shard_size,
                                        on_prompt=bar.update if bar else None)
                 _write_shard(out, i, arrays)
         finally:
             engine.close()
+            if scorer is not engine.target:
+                scorer.close()
             if bar:
                 bar.render_finish()
     manifest["shards"] = [_shard_name(i) for i in range(len(shards))]
@@ -93,11 +113,34 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     return manifest
 
 
+def _open_models(target: Path, answerer: Path | None, *, hidden: bool, n_ctx: int, threads: int | None):
+    """(engine that answers, target backend that scores): the target's own engine when it answers itself."""
+    from edgespec.api import load, open_model
+
+    if answerer is None:
+        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
+        return engine, engine.target
+    scorer = open_model(target, n_ctx=n_ctx, threads=threads, hidden=hidden)
+    try:
+        engine = load(answerer, "ngram", n_ctx=n_ctx, threads=threads)
+    except BaseException:
+        scorer.close()
+        raise
+    try:
+        check_compatible(scorer.vocab, engine.target.vocab)
+    except BaseException:
+        engine.close()
+        scorer.close()
+        raise
+    return engine, scorer
+
+
 def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
     path = out / MANIFEST
     if path.is_file():
         manifest = json.loads(path.read_text())
-        if manifest.get("settings") != json.loads(json.dumps(asdict(settings))):
+        saved = {"answerer": None, "answerer_size": 0, **manifest.get("settings", {})}  # older corpora: the target
+        if saved != json.loads(json.dumps(asdict(settings))):
             raise EdgespecError(f"{out} holds a corpus built with other settings or prompts: use a new folder "
                                 "(or delete it to rebuild)")
         return manifest
@@ -109,21 +152,28 @@ def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
     return manifest
 
 
-def _answer_shard(engine, prompts: list[dict], settings: CorpusSettings, first_index: int, on_prompt=None) -> dict:
+def _answer_shard(engine, scorer, prompts: list[dict], settings: CorpusSettings, first_index: int,
+                  on_prompt=None) -> dict:
+    """engine writes the answers; scorer (the target's backend, maybe engine's own) records what it thought."""
+    from edgespec.api import prompt_tokens
+
     tokens, offsets, prompt_lens, cats = [], [0], [], []
     ids, logits, lses, hiddens = [], [], [], []
     for j, row in enumerate(prompts):
         prompt = engine.prompt_tokens(row["prompt"])
+        if scorer is not engine.target and prompt != prompt_tokens(scorer, row["prompt"]):
+            raise EdgespecError(f"the answering model renders prompt {first_index + j} into other tokens than the "
+                                "target does (another chat template?): answer with a model of the target's family")
         result = engine.generate(row["prompt"], max_tokens=settings.max_tokens, temperature=settings.temperature,
                                  seed=settings.seed + first_index + j)
         seq = prompt + result.tokens
         if result.stats.finish_reason == "stop":
             # no stop strings were given, so the answer ended on an end-of-generation token, which the engine
             # does not emit; the draft must learn to predict it too (EOS is the usual one; others are rare)
-            seq.append(engine.target.vocab.eos_id)
-        if len(seq) > engine.target.n_ctx:
-            raise EdgespecError(f"prompt {first_index + j} and its answer outgrow the context of {engine.target.n_ctx}")
-        top_ids, top_logits, lse, hidden = teacher_forced(engine.target, seq, len(prompt), settings.top_k)
+            seq.append(scorer.vocab.eos_id)
+        if len(seq) > scorer.n_ctx:
+            raise EdgespecError(f"prompt {first_index + j} and its answer outgrow the context of {scorer.n_ctx}")
+        top_ids, top_logits, lse, hidden = teacher_forced(scorer, seq, len(prompt), settings.top_k)
         tokens += seq
         offsets.append(len(tokens))
         prompt_lens.append(len(prompt))
