@@ -121,15 +121,16 @@ def _open_models(target: Path, answerer: Path | None, *, hidden: bool, n_ctx: in
         engine = load(target, "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
         return engine, engine.target
     scorer = open_model(target, n_ctx=n_ctx, threads=threads, hidden=hidden)
+    engine = None
     try:
         engine = load(answerer, "ngram", n_ctx=n_ctx, threads=threads)
-    except BaseException:
-        scorer.close()
-        raise
-    try:
         check_compatible(scorer.vocab, engine.target.vocab)
+        if engine.target.chat_template() != scorer.chat_template():
+            raise EdgespecError(f"{answerer.name} has another chat template than the target: its prompts would be "
+                                "other tokens; answer with a model of the target's family")
     except BaseException:
-        engine.close()
+        if engine is not None:
+            engine.close()
         scorer.close()
         raise
     return engine, scorer
@@ -155,15 +156,10 @@ def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
 def _answer_shard(engine, scorer, prompts: list[dict], settings: CorpusSettings, first_index: int,
                   on_prompt=None) -> dict:
     """engine writes the answers; scorer (the target's backend, maybe engine's own) records what it thought."""
-    from edgespec.api import prompt_tokens
-
     tokens, offsets, prompt_lens, cats = [], [0], [], []
     ids, logits, lses, hiddens = [], [], [], []
     for j, row in enumerate(prompts):
         prompt = engine.prompt_tokens(row["prompt"])
-        if scorer is not engine.target and prompt != prompt_tokens(scorer, row["prompt"]):
-            raise EdgespecError(f"the answering model renders prompt {first_index + j} into other tokens than the "
-                                "target does (another chat template?): answer with a model of the target's family")
         result = engine.generate(row["prompt"], max_tokens=settings.max_tokens, temperature=settings.temperature,
                                  seed=settings.seed + first_index + j)
         seq = prompt + result.tokens
