@@ -198,7 +198,7 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
     if heads_kind(draft) == "eagle":
         from edgespec.runtime.eagle import eagle_bytes
 
-        heads_bytes = eagle_bytes(draft, target_info.n_vocab)
+        heads_bytes = eagle_bytes(draft, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096)
     draft_info = read_model_info(draft) if kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)

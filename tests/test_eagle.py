@@ -72,12 +72,14 @@ def test_training_replays_drafting_exactly():
             np.testing.assert_allclose(g, outs[s - 1][0, pos].numpy(), atol=2e-4)
 
 
-def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path):
+@pytest.mark.parametrize("runner, atol", [("numpy", 1e-5), ("ggml", 1e-4)])
+def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path, runner, atol):
     """Through the loop's hooks the head's cache holds, for every position, the target's state (or the
     no-feature vector in the prompt) with the next token: the same as one pass over the whole text."""
     target = HiddenFake(random_table(np.random.default_rng(0), V))
     path = head_file(tmp_path, target, range(V))
-    drafter = EagleDrafter(path, target, embeddings=np.random.default_rng(2).normal(size=(V, E)).astype(np.float32))
+    drafter = EagleDrafter(path, target, embeddings=np.random.default_rng(2).normal(size=(V, E)).astype(np.float32),
+                           runner=runner, weight_type="f32")
     prompt, rounds = [1, 2, 3], [([4], 1, 2), ([1, 1], 0, 3), ([], 0, 4)]  # (drafts proposed, accepted, new token)
     context, states = list(prompt), {}
     for drafts, n_acc, token in rounds:
@@ -92,15 +94,17 @@ def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path):
     weights, _, meta = load_eagle(path)
     expected = EagleHead(weights, meta).step(features, drafter.embeddings[context[1:]], np.arange(len(context) - 1))
     assert len(states) == 4 and min(states) == len(prompt) - 1  # real states from the prompt's last token on
-    np.testing.assert_allclose(drafter.last_g, expected[-1], atol=1e-5)
+    np.testing.assert_allclose(drafter.last[0], expected[-1], atol=atol)
 
 
-@pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
-                                            (SamplingParams(temperature=0.8, top_p=0.9), False),
-                                            (SamplingParams(temperature=1.0), True)])
-def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, broken):
+@pytest.mark.parametrize("params, broken, runner", [(SamplingParams(temperature=1.0), False, "ggml"),
+                                                    (SamplingParams(temperature=1.0), False, "numpy"),
+                                                    (SamplingParams(temperature=0.8, top_p=0.9), False, "ggml"),
+                                                    (SamplingParams(temperature=1.0), True, "ggml")])
+def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, broken, runner):
     """Four tokens from the loop drafted by a random EAGLE head whose output leaves out token 3 (draft
-    probability 0 there): their joint law is the target chain's; not once the residual step is removed."""
+    probability 0 there), run in llama.cpp or numpy: their joint law is the target chain's; not once the
+    residual step is removed."""
     rng = np.random.default_rng(7)
     table = random_table(rng, V, 1.5)
     table[:, EOS] = -1e9
@@ -108,7 +112,7 @@ def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, 
         monkeypatch.setattr(loop_module, "verify", without_residual)
     target = HiddenFake(table)
     drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
-                           embeddings=rng.normal(size=(V, E)).astype(np.float32))
+                           embeddings=rng.normal(size=(V, E)).astype(np.float32), runner=runner)
     draws, drafted = [], 0
     for seed in range(6000):
         events, stats = run(target, drafter, [1], max_tokens=4, draft_max=3, params=params, seed=seed)
@@ -117,6 +121,43 @@ def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, 
     assert drafted > 6000
     p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
     assert (p < ALPHA) == broken, p
+
+
+@pytest.mark.parametrize("weight_type, rtol", [("f32", 1e-4), ("f16", 0.02), ("q8_0", 0.1)])
+def test_the_head_in_llama_cpp_computes_what_the_numpy_head_does(weight_type, rtol):
+    """Entries, a drafted chain, a truncation and more entries through GgmlHead (grouped-query attention,
+    RoPE at later positions) give NumpyHead's states and logits: float32 weights to rounding, f16 and q8_0
+    weights within their precision (relative to the largest value)."""
+    from edgespec.runtime.eagle import GgmlHead, NumpyHead
+
+    rng = np.random.default_rng(3)
+    e, s = 64, 96
+    weights, meta = random_head(rng, e, n_head=4, n_head_kv=2, n_ff=128)
+    weights = {k: v * (0.3 if v.ndim == 2 else 1.0) for k, v in weights.items()}  # keep activations moderate
+    output = rng.normal(size=(s, e)).astype(np.float32)
+    heads = [NumpyHead(weights, meta, output),
+             GgmlHead(weights, meta, output, n_ctx=64, n_threads=1, weight_type=weight_type)]
+    feats, embs = rng.normal(size=(40, e)).astype(np.float32), rng.normal(size=(40, e)).astype(np.float32)
+
+    def run(head):
+        out = [head.append(feats[:30], embs[:30], np.arange(30))]
+        g = out[-1][0]
+        for p in range(30, 33):  # a chain from the head's own states
+            out.append(head.append(g[None], embs[[p]], np.array([p])))
+            g = out[-1][0]
+        head.truncate(30)
+        out.append(head.append(feats[30:40], embs[30:40], np.arange(30, 40)))
+        return out
+
+    for (g_ref, l_ref), (g, logits) in zip(*map(run, heads), strict=True):
+        assert np.abs(g - g_ref).max() <= rtol * np.abs(g_ref).max()
+        assert np.abs(logits - l_ref).max() <= rtol * np.abs(l_ref).max()
+    room = heads[1].model.n_ctx - heads[1].n  # llama.cpp rounds the context up
+    with pytest.raises(EdgespecError, match="do not fit"):
+        heads[1].append(np.zeros((room + 1, e), np.float32), np.zeros((room + 1, e), np.float32),
+                        np.arange(40, 41 + room))
+    with pytest.raises(EdgespecError, match="follow each other"):
+        heads[1].append(feats[:1], embs[:1], np.array([7]))
 
 
 def test_eagle_files_are_checked(tmp_path):
@@ -161,5 +202,5 @@ def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(d
         assert spec.tokens == base.tokens and spec.stats.drafted > 0
     ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
     planned = plan_for(default_gguf, path, device="rpi5-8gb")
-    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == eagle_bytes(path, 49152)
-    assert eagle_bytes(path, 49152) > (49152 + 2048) * 576 * 4
+    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == eagle_bytes(path, 49152, 8192)
+    assert eagle_bytes(path, 49152, 8192) > 49152 * 576 * 4 + 2048 * 576 * 2

@@ -17,6 +17,10 @@ step cost ~1/6 of a full-vocabulary one.
 A heads file is .eagle.npz: the layer's weights (f16), `subset` (token ids), and a JSON `meta` with the
 target's vocabulary digest, width and attention shape. Layer weights follow GGUF's layout, and RoPE
 rotates adjacent pairs as ggml does for Llama, so the head can start from one of the target's layers.
+
+Two runners compute the same head: NumpyHead (float32, the reference the training graph is tested against)
+and GgmlHead, which drafts: at load the layer, final norm and output rows become a one-layer Llama GGUF
+(f16 weights by default) that llama.cpp runs with vectors as input, and only fc stays in numpy.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.backend import MAX_OUTPUTS
 from edgespec.runtime.sampling import sample, to_probs
 
 EAGLE_SUFFIX = ".eagle.npz"
@@ -102,6 +107,111 @@ class EagleHead:
         return rms_norm(x, w["out_norm"], self.eps)  # normed like the target's states, which g stands in for
 
 
+class NumpyHead:
+    """EagleHead with the output layer: the reference runner (float32 numpy), also what the tests compare to."""
+
+    def __init__(self, weights: dict[str, np.ndarray], meta: dict, output: np.ndarray):
+        self.w, self.layer, self.output = weights, EagleHead(weights, meta), output  # output: [S, E]
+
+    @property
+    def n(self) -> int:
+        return self.layer.n
+
+    def truncate(self, n: int) -> None:
+        self.layer.truncate(n)
+
+    def append(self, features: np.ndarray, embeddings: np.ndarray, positions: np.ndarray):
+        """Entries for features/embeddings [T, E] at positions [T]: the last one's g [E] and logits [S]."""
+        g = self.layer.step(features, embeddings, positions)[-1]
+        return g, self.output @ g
+
+
+class GgmlHead:
+    """The same head in llama.cpp: fc runs in numpy, the decoder layer, final norm and output rows run as a
+    one-layer Llama fed vectors (LlamaVectorModel), with weights in `weight_type`. In the loop this is what
+    keeps a draft step cheap: numpy reads the head's 36 MB of float32 weights and output rows every step (the
+    target's pass has evicted them from the caches), llama.cpp reads 17 MB in f16 (9 MB in q8_0) with the
+    target's threads. The rows sit at positions 0, 1, ... (entry t at position t), as the drafter appends them."""
+
+    def __init__(self, weights: dict[str, np.ndarray], meta: dict, output: np.ndarray, *, n_ctx: int,
+                 n_threads: int | None, weight_type: str):
+        import tempfile
+
+        from edgespec.runtime.llama_backend import LlamaVectorModel
+
+        self.fc_weight, self.fc_bias = weights["fc_weight"], weights["fc_bias"]
+        with tempfile.TemporaryDirectory(prefix="edgespec-eagle-") as tmp:
+            path = write_head_gguf(Path(tmp) / "head.gguf", weights, meta, output, weight_type=weight_type,
+                                   n_ctx=n_ctx)
+            self.model = LlamaVectorModel(path, n_ctx=n_ctx, n_threads=n_threads, n_ubatch=HEAD_UBATCH)  # read in
+
+    @property
+    def n(self) -> int:
+        return self.model.n
+
+    def truncate(self, n: int) -> None:
+        self.model.truncate(n)
+
+    def append(self, features: np.ndarray, embeddings: np.ndarray, positions: np.ndarray):
+        if positions[0] != self.model.n:
+            raise EdgespecError(f"head entries must follow each other: got position {positions[0]} after "
+                                f"{self.model.n} entries")
+        z = np.concatenate([features, embeddings], axis=1) @ self.fc_weight.T + self.fc_bias
+        logits, hidden = self.model.forward(z, 1)
+        return hidden[0], logits[0]
+
+
+WEIGHT_TYPES = ("f16", "q8_0", "f32")  # the head's matrices in llama.cpp; norms stay float32
+
+
+def write_head_gguf(path: Path, weights: dict[str, np.ndarray], meta: dict, output: np.ndarray, *,
+                    weight_type: str, n_ctx: int) -> Path:
+    """The head's decoder layer, final norm and output rows [S, E] as a one-layer Llama GGUF (the output
+    tied to token_embd, which the head never reads: its inputs are vectors). Its vocabulary is S
+    placeholder tokens, one per output row."""
+    import gguf
+    from gguf.quants import quantize
+
+    if weight_type not in WEIGHT_TYPES:
+        raise EdgespecError(f"unknown head weight type {weight_type!r}: choose one of {', '.join(WEIGHT_TYPES)}")
+    qtype = gguf.GGMLQuantizationType[weight_type.upper()]
+    n_embd, n_rows = weights["attn_norm"].shape[0], len(output)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(weights["ffn_gate"].shape[0])
+    writer.add_head_count(meta["n_head"])
+    writer.add_head_count_kv(meta["n_head_kv"])
+    writer.add_rope_freq_base(meta["rope_base"])
+    writer.add_rope_dimension_count(n_embd // meta["n_head"])
+    writer.add_layer_norm_rms_eps(meta["eps"])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<row {i}>".encode() for i in range(n_rows)])
+    writer.add_token_scores([0.0] * n_rows)
+    writer.add_token_types([gguf.TokenType.NORMAL] * n_rows)
+
+    def add(name: str, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32 and a.shape[1] % block == 0:
+            writer.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
+        elif a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:  # rows not a whole number of blocks
+            writer.add_tensor(name, a.astype(np.float16))
+        else:
+            writer.add_tensor(name, a)
+
+    add("token_embd.weight", output)
+    add("output_norm.weight", weights["out_norm"])
+    for name in LAYER_WEIGHTS:
+        add(f"blk.0.{name}.weight", weights[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def save_eagle(path: str | os.PathLike, weights: dict[str, np.ndarray], subset: np.ndarray, meta: dict) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial.npz")
@@ -127,24 +237,41 @@ def load_eagle(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarr
     return weights, subset, meta
 
 
-def eagle_bytes(path: str | os.PathLike, n_vocab: int) -> int:
-    """What an EAGLE drafter holds in memory: the target's embeddings and the subset's output rows in float32,
-    the head's weights in float32 and its cache (the memory planner's figure; read from the file's headers)."""
+HEAD_UBATCH = 32  # rows per llama.cpp pass of the head (LlamaVectorModel's default)
+
+
+def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, weight_type: str = "f16") -> int:
+    """What an EAGLE drafter (the ggml runner) holds in memory for a target context of n_ctx, read from the file's
+    headers: the target's embeddings [V, E] and fc in float32 (numpy), the layer and the output rows in
+    weight_type, its float32 KV cache and attention scores [n_ctx, HEAD_UBATCH, n_head] (llama.cpp). The
+    memory planner's figure."""
+    import gguf
+
     with np.load(path) as z:
-        shapes = {name: z[name].shape for name in ("subset", *WEIGHTS)}  # npz members load one at a time
-    n_embd = shapes["attn_norm"][0]
-    weights = sum(int(np.prod(shapes[name])) for name in WEIGHTS)
-    cache = 2 * MAX_ENTRIES * shapes["attn_k"][0]
-    return 4 * ((n_vocab + shapes["subset"][0]) * n_embd + weights + cache)
+        shapes = {name: z[name].shape for name in ("subset", "meta", *WEIGHTS)}  # npz members load one at a time
+        meta = json.loads(bytes(z["meta"]).decode())
+    n_embd, n_rows = shapes["attn_norm"][0], n_ctx + MAX_OUTPUTS
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[weight_type.upper()]]
+    matrices = sum(int(np.prod(shapes[name])) for name in LAYER_WEIGHTS if len(shapes[name]) == 2)
+    matrices += shapes["subset"][0] * n_embd
+    numpy_side = 4 * (n_vocab * n_embd + 3 * n_embd * n_embd)  # embeddings, fc weight, the no-feature vector
+    kv = 4 * 2 * n_rows * shapes["attn_k"][0]
+    scores = 4 * n_rows * HEAD_UBATCH * meta["n_head"]
+    return numpy_side + matrices * size // block + kv + scores
 
 
 class EagleDrafter:
-    """Drafts a chain from the EAGLE head; see the module docstring."""
+    """Drafts a chain from the EAGLE head; see the module docstring.
 
-    def __init__(self, path: str | os.PathLike, target, embeddings: np.ndarray | None = None):
+    runner: "ggml" (llama.cpp, weights in `weight_type`: the fast one) or "numpy" (float32, the reference)."""
+
+    def __init__(self, path: str | os.PathLike, target, embeddings: np.ndarray | None = None, *,
+                 runner: str = "ggml", weight_type: str = "f16", n_threads: int | None = None):
         """embeddings: the target's token embeddings [V, E] (tied to its output layer); default: from its GGUF."""
         from edgespec.runtime.heads import one_blas_thread, output_matrix
 
+        if runner not in ("ggml", "numpy"):
+            raise EdgespecError(f"unknown EAGLE runner {runner!r}: choose ggml or numpy")
         weights, self.subset, self.meta = load_eagle(path)
         if not getattr(target, "hidden", False):
             raise EdgespecError("an EAGLE head reads the target's hidden states: open the target with hidden=True "
@@ -154,9 +281,13 @@ class EagleDrafter:
                                 f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
                                 f"{target.n_embd}")
         self.embeddings = output_matrix(target.path) if embeddings is None else embeddings  # [V, E]
-        self.output = np.ascontiguousarray(self.embeddings[self.subset])  # [S, E]
+        output = np.ascontiguousarray(self.embeddings[self.subset])  # [S, E]
         self.n_vocab = self.embeddings.shape[0]
-        self.head = EagleHead(weights, self.meta)
+        if runner == "ggml":  # entries at positions 0 .. n_ctx-1, and a chain drafted past the last
+            self.head = GgmlHead(weights, self.meta, output, n_ctx=target.n_ctx + MAX_OUTPUTS,
+                                 n_threads=n_threads or getattr(target, "n_threads", None), weight_type=weight_type)
+        else:
+            self.head = NumpyHead(weights, self.meta, output)
         one_blas_thread()
         self.no_feature = weights["no_feature"]
         self.name = f"eagle:{Path(path).name}"
@@ -166,7 +297,7 @@ class EagleDrafter:
         self.head.truncate(0)
         self.context: list[int] = []  # the committed tokens the head's cache has entries for (all but the last)
         self.features: dict[int, np.ndarray] = {}  # position -> the target's hidden state there, not yet read
-        self.last_g: np.ndarray | None = None  # the output of the newest committed entry
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # g [E] and logits [S] of the newest committed entry
 
     def observe_target(self, target, n_accepted: int, position: int) -> None:
         """After a verify pass whose first row sat at `position`: keep the rows for the committed tokens."""
@@ -179,13 +310,12 @@ class EagleDrafter:
         """Entries for positions len(self.context)-1 .. len(context)-2 (each pairs a state with the next token)."""
         if context[:len(self.context)] != self.context:  # another text: start over
             self.head.truncate(0)
-            self.context, self.last_g = [], None
+            self.context, self.last = [], None
         first, last = max(len(self.context) - 1, 0), len(context) - 1  # the new entries' positions, last exclusive
         if first < last:
             positions = np.arange(first, last)
             features = np.stack([self.features.pop(int(p), self.no_feature) for p in positions]).astype(np.float32)
-            g = self.head.step(features, self.embeddings[context[first + 1:last + 1]], positions)
-            self.last_g = g[-1]
+            self.last = self.head.append(features, self.embeddings[context[first + 1:last + 1]], positions)
         self.context = list(context)
         self.features = {p: f for p, f in self.features.items() if p >= last}
 
@@ -201,13 +331,14 @@ class EagleDrafter:
         self._commit(context)
         n_committed = self.head.n
         drafts, probs = [], np.zeros((k, self.n_vocab))
-        g = self.last_g
+        g, logits = self.last
         for i in range(k):
-            probs[i, self.subset] = to_probs(g[None, :] @ self.output.T, params)[0]  # [S] into [V]
-            token = sample(probs[i], rng)
+            q = to_probs(logits[None, :], params)[0]  # [S]
+            probs[i, self.subset] = q
+            token = int(self.subset[sample(q, rng)])  # drawn over the subset: a sixth of the vocabulary's cumsum
             drafts.append(token)
             if i + 1 < k:
-                g = self.head.step(g[None, :], self.embeddings[[token]], np.array([len(context) - 1 + i]))[0]
+                g, logits = self.head.append(g[None, :], self.embeddings[[token]], np.array([len(context) - 1 + i]))
         self.head.truncate(n_committed)
         return drafts, probs
 

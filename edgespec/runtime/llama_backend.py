@@ -217,6 +217,98 @@ class LlamaBackend:
             pass
 
 
+class LlamaVectorModel:
+    """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
+    what an EAGLE head runs in (runtime/eagle.py). `forward` appends rows and returns, for its last n_out
+    rows, the output layer's logits and the final normed hidden state. The weights are read into memory
+    (no mmap), so the file may be deleted once the model is open."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int, n_threads: int | None = None, n_ubatch: int = 32):
+        path = check_gguf_file(path)
+        lib = _lib()
+        mparams = lib.llama_model_default_params()
+        mparams.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read, not mapped
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load the head model {path}")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        # without flash attention a pass holds [n_ctx, n_ubatch, n_head] scores: small batches keep that small
+        cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_outputs_max = MAX_OUTPUTS
+        cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
+        cparams.no_perf = True
+        cparams.embeddings = True
+        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds through f16
+        cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32  # one layer's cache: small, and no f16 rounding
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} rows for the head model {path}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self.n_ctx, self.n_batch = lib.llama_n_ctx(self._ctx), lib.llama_n_batch(self._ctx)
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))
+        self.n = 0  # rows in the cache, at positions 0 .. n-1
+        self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
+
+    def forward(self, vectors: np.ndarray, n_out: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Append rows vectors [T, E]; logits [n_out, V] and hidden states [n_out, E] of the last n_out."""
+        lib, n = _llama, len(vectors)
+        if not 0 < n_out <= min(n, MAX_OUTPUTS) or self.n + n > self.n_ctx:
+            raise EdgespecError(f"head model: {n} rows with {n_out} outputs do not fit ({self.n} of {self.n_ctx} "
+                                f"rows used, at most {MAX_OUTPUTS} outputs)")
+        if n_out < n:  # with embeddings on llama.cpp outputs every row: run the others with them off
+            lib.llama_set_embeddings(self._ctx, False)
+            try:
+                self._decode(vectors[:n - n_out], outputs=False)
+            finally:
+                lib.llama_set_embeddings(self._ctx, True)
+        self._decode(vectors[n - n_out:], outputs=True)
+        logits = np.stack([np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
+                           for j in range(n_out)])
+        hidden = np.stack([np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j), shape=(self.n_embd,))
+                           for j in range(n_out)])
+        return logits, hidden
+
+    def _decode(self, vectors: np.ndarray, *, outputs: bool) -> None:
+        b, vectors = self._batch, np.ascontiguousarray(vectors, dtype=np.float32)
+        for start in range(0, len(vectors), self.n_batch):
+            chunk = vectors[start:start + self.n_batch]
+            ctypes.memmove(b.embd, chunk.ctypes.data, chunk.nbytes)
+            for j in range(len(chunk)):
+                b.pos[j] = self.n + j
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+                b.logits[j] = int(outputs)
+            b.n_tokens = len(chunk)
+            rc = _llama.llama_decode(self._ctx, b)
+            if rc != 0:
+                self.truncate(self.n)
+                raise EdgespecError(f"llama_decode failed with code {rc} on the head model")
+            self.n += len(chunk)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n rows."""
+        if n < self.n:
+            _llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self.n = n
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            _llama.llama_batch_free(self._batch)
+            _llama.llama_free(self._ctx)
+            _llama.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
 KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
 
