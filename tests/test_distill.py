@@ -129,6 +129,18 @@ def test_an_answerer_that_does_not_load_leaves_no_corpus_behind(default_gguf, tm
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_an_answerer_with_another_chat_template_is_refused_before_anything_is_written(default_gguf, tmp_path):
+    """The same weights and vocabulary under another system prompt: its prompts would be other tokens."""
+    data = default_gguf.read_bytes()
+    at = data.index(b"tokenizer.chat_template")
+    at = data.index(b"named SmolLM,", at)  # same length, so every offset in the file stays valid
+    other = tmp_path / "other-template.gguf"
+    other.write_bytes(data[:at] + b"named Robot1," + data[at + 13:])
+    with pytest.raises(EdgespecError, match="another chat template"):
+        build_corpus(default_gguf, PROMPTS, tmp_path / "c", answerer=other, progress=False)
+    assert not (tmp_path / "c").exists()
+
+
 def test_teacher_forced_positions_align_with_the_answer(default_gguf):
     backend = LlamaBackend(default_gguf, n_ctx=256)
     seq = backend.tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello there", special=True)
@@ -175,6 +187,7 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     summary = distill(target, tmp_path / "draft.gguf", source=tiny_checkpoint, prompts=prompts, n_layers=1,
                       epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25)
     training = summary["training"]
+    assert summary["answered_by"] == "target" and summary["corpus_positions"] > 0
     assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
     assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
     assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")

@@ -220,6 +220,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
     exported = export_source(Source("hf", checkpoint, str(checkpoint)), "gguf", quant, out, progress=progress)
     summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
+               "answered_by": manifest["settings"].get("answerer") or "target",
                "corpus_positions": manifest["positions"], "corpus_seconds": round(corpus_s, 1),
                "train_seconds": round(train_s, 1), "training": report, "export": exported}
     if onnx_out:

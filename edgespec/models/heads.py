@@ -126,8 +126,8 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
         raise EdgespecError(f"name the {kind} heads file *{suffix}, e.g. {out.name.split('.')[0]}{suffix}")
     corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
     t0 = time.perf_counter()
-    build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus, max_tokens=max_tokens,
-                 hidden=True, seed=seed, progress=progress, answerer=answerer)
+    manifest = build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus,
+                            max_tokens=max_tokens, hidden=True, seed=seed, progress=progress, answerer=answerer)
     corpus_s = time.perf_counter() - t0
     _, seqs = read_corpus(corpus)
     backend = LlamaBackend(target, n_ctx=16)  # the vocabulary digest the heads are checked against at load
@@ -143,5 +143,6 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
                                             progress=progress, **train_kwargs)
         save_heads(out, weight, bias, {**meta, "training": report})
     return {"heads": str(out), "kind": kind, "bytes": out.stat().st_size, "corpus": str(corpus),
+            "answered_by": manifest["settings"].get("answerer") or "target", "corpus_positions": manifest["positions"],
             "corpus_seconds": round(corpus_s, 1), "train_seconds": round(time.perf_counter() - t0, 1),
             "training": report}
