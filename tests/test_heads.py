@@ -121,3 +121,31 @@ def test_heads_are_planned_with_their_copy_of_the_output_layer(default_gguf, tmp
     ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
     planned = plan_for(default_gguf, heads, device="rpi5-8gb")
     assert planned.drafter == "heads" and planned.runtime - ngram.runtime == 49152 * 576 * 4
+
+
+def test_the_output_layer_is_read_from_the_header_in_blocks_or_as_a_view(default_gguf, tmp_path):
+    """output_matrix finds the tensor from the streamed header: the default model's Q8_0 rows dequantize to
+    what gguf's own reader gives (f16 on request, within its rounding), and F32 rows come back as a view of
+    the file itself, not a copy."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from edgespec.runtime.heads import output_matrix
+
+    tensor = next(t for t in gguf.GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
+    expected = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
+    np.testing.assert_array_equal(output_matrix(default_gguf), expected)
+    half = output_matrix(default_gguf, np.float16)
+    assert half.dtype == np.float16 and np.abs(half - expected).max() <= 1e-3 * np.abs(expected).max()
+
+    rows = np.arange(12 * 64, dtype=np.float32).reshape(12, 64)
+    writer = gguf.GGUFWriter(str(tmp_path / "f32.gguf"), "llama")
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    writer.add_tensor("token_embd.weight", rows)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    view = output_matrix(tmp_path / "f32.gguf")
+    np.testing.assert_array_equal(view, rows)
+    assert isinstance(view.base, np.memmap) or isinstance(view, np.memmap)

@@ -240,24 +240,29 @@ def load_eagle(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], np.ndarr
 HEAD_UBATCH = 32  # rows per llama.cpp pass of the head (LlamaVectorModel's default)
 
 
-def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, weight_type: str = "f16") -> int:
-    """What an EAGLE drafter (the ggml runner) holds in memory for a target context of n_ctx, read from the file's
-    headers: the target's embeddings [V, E] and fc in float32 (numpy), the layer and the output rows in
-    weight_type, its float32 KV cache and attention scores [n_ctx, HEAD_UBATCH, n_head] (llama.cpp). The
-    memory planner's figure."""
+def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, *, rows_quantized: bool = True,
+                weight_type: str = "f16") -> int:
+    """What an EAGLE drafter (the ggml runner) adds to a process at its peak, for a target context of n_ctx, read
+    from the file's headers (the memory planner's figure). Held: the target's embeddings [V, E] in f16 when
+    its rows are quantized (rows_quantized; else a view of the target's file, of which the subset's rows are
+    read), fc in float32, and in llama.cpp the layer and output rows in weight_type, a float32 KV cache and
+    attention scores [n_ctx, HEAD_UBATCH, n_head]. At load, for a moment: the head's weights and output rows
+    in float32 and the GGUF written from them."""
     import gguf
 
     with np.load(path) as z:
         shapes = {name: z[name].shape for name in ("subset", "meta", *WEIGHTS)}  # npz members load one at a time
         meta = json.loads(bytes(z["meta"]).decode())
-    n_embd, n_rows = shapes["attn_norm"][0], n_ctx + MAX_OUTPUTS
+    n_embd, n_subset, n_rows = shapes["attn_norm"][0], shapes["subset"][0], n_ctx + MAX_OUTPUTS
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[weight_type.upper()]]
     matrices = sum(int(np.prod(shapes[name])) for name in LAYER_WEIGHTS if len(shapes[name]) == 2)
-    matrices += shapes["subset"][0] * n_embd
-    numpy_side = 4 * (n_vocab * n_embd + 3 * n_embd * n_embd)  # embeddings, fc weight, the no-feature vector
-    kv = 4 * 2 * n_rows * shapes["attn_k"][0]
-    scores = 4 * n_rows * HEAD_UBATCH * meta["n_head"]
-    return numpy_side + matrices * size // block + kv + scores
+    matrices += n_subset * n_embd
+    every_weight = sum(int(np.prod(shapes[name])) for name in WEIGHTS)
+    embeddings = 2 * n_vocab * n_embd if rows_quantized else 4 * n_subset * n_embd
+    held = embeddings + 4 * 3 * n_embd * n_embd + matrices * size // block + 4 * n_rows * (
+        2 * shapes["attn_k"][0] + HEAD_UBATCH * meta["n_head"])
+    loading = 4 * (every_weight + n_subset * n_embd) + 2 * matrices
+    return held + loading
 
 
 class EagleDrafter:
@@ -280,8 +285,9 @@ class EagleDrafter:
             raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
                                 f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
                                 f"{target.n_embd}")
-        self.embeddings = output_matrix(target.path) if embeddings is None else embeddings  # [V, E]
-        output = np.ascontiguousarray(self.embeddings[self.subset])  # [S, E]
+        # [V, E]: f16 where the target's rows are quantized (half the memory; rows are read one at a time)
+        self.embeddings = output_matrix(target.path, np.float16) if embeddings is None else embeddings
+        output = np.ascontiguousarray(self.embeddings[self.subset], dtype=np.float32)  # [S, E]
         self.n_vocab = self.embeddings.shape[0]
         if runner == "ggml":  # entries at positions 0 .. n_ctx-1, and a chain drafted past the last
             self.head = GgmlHead(weights, self.meta, output, n_ctx=target.n_ctx + MAX_OUTPUTS,
@@ -315,9 +321,12 @@ class EagleDrafter:
         if first < last:
             positions = np.arange(first, last)
             features = np.stack([self.features.pop(int(p), self.no_feature) for p in positions]).astype(np.float32)
-            self.last = self.head.append(features, self.embeddings[context[first + 1:last + 1]], positions)
+            self.last = self.head.append(features, self._embed(context[first + 1:last + 1]), positions)
         self.context = list(context)
         self.features = {p: f for p, f in self.features.items() if p >= last}
+
+    def _embed(self, tokens) -> np.ndarray:
+        return self.embeddings[tokens].astype(np.float32)  # [T, E]
 
     def catch_up(self, context: list[int]) -> None:
         """Entries for all of `context` but its last token (the loop's catch_up, untimed for the controller):
@@ -338,7 +347,7 @@ class EagleDrafter:
             token = int(self.subset[sample(q, rng)])  # drawn over the subset: a sixth of the vocabulary's cumsum
             drafts.append(token)
             if i + 1 < k:
-                g, logits = self.head.append(g[None, :], self.embeddings[[token]], np.array([len(context) - 1 + i]))
+                g, logits = self.head.append(g[None, :], self._embed([token]), np.array([len(context) - 1 + i]))
         self.head.truncate(n_committed)
         return drafts, probs
 

@@ -27,17 +27,32 @@ from edgespec.runtime.sampling import sample, to_probs
 HEADS_SUFFIX = ".medusa.npz"
 
 
-def output_matrix(gguf_path: str | os.PathLike) -> np.ndarray:
-    """The target's output layer [V, E] as float32, dequantized from its GGUF (tied embeddings: token_embd)."""
-    from gguf import GGUFReader
+def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32) -> np.ndarray:
+    """The target's output layer [V, E] from its GGUF (tied embeddings: token_embd). Rows the file stores as
+    float32 or f16 come back as a view of the file (no copy); quantized rows are dequantized a block of rows
+    at a time into a `quantized_as` array. The tensor is found from the streamed header (GGUFReader would
+    build the whole vocabulary first: ~150 MB for a moment)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    tensors = {t.name: t for t in GGUFReader(gguf_path).tensors if t.name in ("output.weight", "token_embd.weight")}
+    from edgespec.runtime.model_info import read_gguf_header
+
+    _, tensors = read_gguf_header(Path(gguf_path))
+    tensors = {t.name: t for t in tensors if t.name in ("output.weight", "token_embd.weight")}
     tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
     if tensor is None:
         raise EdgespecError(f"{gguf_path} has no output layer to share with draft heads")
-    rows = dequantize(tensor.data, tensor.tensor_type)
-    return np.ascontiguousarray(rows.reshape(-1, rows.shape[-1]), dtype=np.float32)
+    rows, n_embd = tensor.shape
+    gtype = GGMLQuantizationType[tensor.type]
+    block, type_size = GGML_QUANT_SIZES[gtype]
+    row_bytes = n_embd // block * type_size
+    data = np.memmap(gguf_path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(rows, row_bytes))
+    if gtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return data.view(np.float32 if gtype == GGMLQuantizationType.F32 else np.float16)
+    out = np.empty((rows, n_embd), dtype=quantized_as)
+    for start in range(0, rows, 4096):
+        out[start:start + 4096] = dequantize(data[start:start + 4096], gtype).reshape(-1, n_embd)
+    return out
 
 
 def one_blas_thread() -> None:

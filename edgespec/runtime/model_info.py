@@ -9,6 +9,7 @@ skipping the tensor bytes, plus config.json for the attention geometry.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 import os
@@ -25,6 +26,8 @@ class Tensor:
     type: str  # ggml type name (Q4_0, F32, ...) or ONNX element type (FLOAT, INT8, ...)
     n_elements: int
     n_bytes: int
+    shape: tuple[int, ...] = ()  # GGUF: dimensions, outermost first (numpy's order)
+    offset: int = 0  # GGUF: where the data starts in the file
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
                 value = c.value(c.unpack("<I"), keep=False)
                 if value is not None:
                     meta[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-            tensors, data_end = [], 0
+            table, data_end = [], 0
             for _ in range(n_tensors):
                 name = c.string().decode("utf-8")
                 dims = [c.unpack("<Q") for _ in range(c.unpack("<I"))]
@@ -145,10 +148,11 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
                 offset = c.unpack("<Q")  # from the start of the data section
                 block, type_size = GGML_QUANT_SIZES[gtype]
                 n = math.prod(dims)
-                tensors.append(Tensor(name, gtype.name, n, n // block * type_size))
-                data_end = max(data_end, offset + tensors[-1].n_bytes)
+                table.append((Tensor(name, gtype.name, n, n // block * type_size, tuple(reversed(dims))), offset))
+                data_end = max(data_end, offset + table[-1][0].n_bytes)
             alignment = meta.get("general.alignment", 32)
             data_start = -(-c.pos // alignment) * alignment
+            tensors = [dataclasses.replace(t, offset=data_start + offset) for t, offset in table]
         except (struct.error, ValueError, UnicodeDecodeError) as e:
             raise EdgespecError(f"{path} has a corrupt or truncated GGUF header ({e})") from None
         if data_start + data_end > len(mm):  # a cut download: the header is whole, the weights are not
