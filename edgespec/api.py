@@ -225,7 +225,7 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
     if heads == "eagle":
         from edgespec.runtime.eagle import EagleDrafter
 
-        drafter = EagleDrafter(draft, target)
+        drafter = EagleDrafter(draft, target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
     if heads == "medusa":
         from edgespec.runtime.heads import MedusaDrafter

@@ -259,7 +259,8 @@ def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, *, rows_quant
     matrices += n_subset * n_embd
     every_weight = sum(int(np.prod(shapes[name])) for name in WEIGHTS)
     embeddings = 2 * n_vocab * n_embd if rows_quantized else 4 * n_subset * n_embd
-    held = embeddings + 4 * 3 * n_embd * n_embd + matrices * size // block + 4 * n_rows * (
+    numpy_side = sum(int(np.prod(shapes[name])) for name in ("fc_weight", "fc_bias", "no_feature"))
+    held = embeddings + 4 * numpy_side + matrices * size // block + 4 * n_rows * (
         2 * shapes["attn_k"][0] + HEAD_UBATCH * meta["n_head"])
     loading = 4 * (every_weight + n_subset * n_embd) + 2 * matrices
     return held + loading

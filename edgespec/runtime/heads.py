@@ -30,8 +30,8 @@ HEADS_SUFFIX = ".medusa.npz"
 def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32) -> np.ndarray:
     """The target's output layer [V, E] from its GGUF (tied embeddings: token_embd). Rows the file stores as
     float32 or f16 come back as a view of the file (no copy); quantized rows are dequantized a block of rows
-    at a time into a `quantized_as` array. The tensor is found from the streamed header (GGUFReader would
-    build the whole vocabulary first: ~150 MB for a moment)."""
+    at a time into a `quantized_as` array. The tensor is found from the streamed header: GGUFReader builds
+    the whole vocabulary first, which here took the EAGLE drafter's load from a 76 MB to a 180 MB peak."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 

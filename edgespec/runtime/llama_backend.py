@@ -54,7 +54,25 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return path
 
 
-class LlamaBackend:
+class _LlamaHandles:
+    """A llama.cpp model, context and batch (`_model`, `_ctx`, `_batch`), freed once."""
+
+    def close(self) -> None:
+        """Free the context and the model; the object is unusable afterwards."""
+        if getattr(self, "_ctx", None):
+            _llama.llama_batch_free(self._batch)
+            _llama.llama_free(self._ctx)
+            _llama.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LlamaBackend(_LlamaHandles):
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
@@ -202,22 +220,9 @@ class LlamaBackend:
             return int(key_length.value)
         return _llama.llama_model_n_embd(self._model) // max(_llama.llama_model_n_head(self._model), 1)
 
-    def close(self) -> None:
-        """Free the context and the model; the backend is unusable afterwards."""
-        if getattr(self, "_ctx", None):
-            _llama.llama_batch_free(self._batch)
-            _llama.llama_free(self._ctx)
-            _llama.llama_model_free(self._model)
-            self._ctx = self._model = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
-class LlamaVectorModel:
+class LlamaVectorModel(_LlamaHandles):
     """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
     what an EAGLE head runs in (runtime/eagle.py). `forward` appends rows and returns, for its last n_out
     rows, the output layer's logits and the final normed hidden state. The weights are read into memory
@@ -285,28 +290,15 @@ class LlamaVectorModel:
             b.n_tokens = len(chunk)
             rc = _llama.llama_decode(self._ctx, b)
             if rc != 0:
-                self.truncate(self.n)
+                self.truncate(self.n)  # drop whatever part of the chunk got in
                 raise EdgespecError(f"llama_decode failed with code {rc} on the head model")
             self.n += len(chunk)
 
     def truncate(self, n: int) -> None:
-        """Keep the first n rows."""
-        if n < self.n:
-            _llama.llama_memory_seq_rm(self._mem, 0, n, -1)
-            self.n = n
+        """Keep the first n rows (and nothing a failed pass left after them)."""
+        _llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        self.n = min(n, self.n)
 
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            _llama.llama_batch_free(self._batch)
-            _llama.llama_free(self._ctx)
-            _llama.llama_model_free(self._model)
-            self._ctx = self._model = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
