@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Backend
+from edgespec.runtime.backend import MAX_OUTPUTS, Backend
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
 from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.eagle import EAGLE_SUFFIX
@@ -29,6 +29,7 @@ from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.text import render_chat
 
 DEFAULT_DRAFT = "ngram"  # best draft for the default model today; trained drafts come later
+MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
 CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
     "Sure! Here is a short answer. The sky looks blue because air molecules scatter short (blue) "
@@ -76,8 +77,9 @@ class Engine:
     """A target model, an optional drafter, and the draft-length controller measured for them."""
 
     def __init__(self, target: Backend, drafter: Drafter | None, controller: DraftController | None,
-                 draft_backend: Backend | None = None, plan=None):
+                 draft_backend: Backend | None = None, plan=None, tree_width: int = 1):
         self.target, self.drafter, self.controller = target, drafter, controller
+        self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
         self.draft_backend = draft_backend
         self.plan = plan  # the memory plan it was loaded with (runtime.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
@@ -117,7 +119,7 @@ class Engine:
         stats = Stats()
         events = speculate(self.target, self.drafter, self.controller, tokens, params,
                            np.random.default_rng(seed), max_tokens=max_tokens, stop=stop,
-                           draft_max=draft_max, stats=stats, constraint=constraint)
+                           draft_max=draft_max, stats=stats, constraint=constraint, tree_width=self.tree_width)
         if self._active is not None:  # its rounds would interleave with ours on the same cache
             self._active.close()
         self._active = Stream(events, stats)
@@ -245,7 +247,7 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
-         profiles: str | os.PathLike | None = None, hidden: bool = False) -> Engine:
+         profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -261,6 +263,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             weights load. profiles: a TOML file of extra device profiles.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
         hidden: the target also returns its hidden states (GGUF; on by itself for a heads draft).
+        tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
+            targets); 1 drafts chains.
     """
     from edgespec.runtime.plan_report import refusal
     from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
@@ -271,6 +275,11 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         target = default_target()
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
+    if not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise EdgespecError(f"tree width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
+    if tree_width > 1 and heads_kind(draft) is None:
+        raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
+                            "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
     plan = None
     settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}
     draft_settings = dict(settings)
@@ -291,6 +300,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     provider = provider or "cpu"
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
                                 hidden=hidden or heads_kind(draft) is not None, **settings)
+    if tree_width > 1 and not hasattr(target_backend, "forward_tree"):
+        target_backend.close()
+        raise EdgespecError(f"draft trees are verified in one llama.cpp pass: {target_backend.name} is not a GGUF "
+                            "target; use a tree width of 1")
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
                                                           provider=provider, **draft_settings)
@@ -299,8 +312,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         raise
     controller = None
     if drafter is not None:
-        controller = DraftController(measure_pass_costs(target_backend, k_max + 1), draft_cost, k_max)
+        k_max = min(k_max, (MAX_OUTPUTS - 1) // tree_width)  # a round's tree fits one pass
+        controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max,
+                                     width=tree_width)
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
         controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
-    return Engine(target_backend, drafter, controller, draft_backend, plan)
+    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from edgespec import __version__
-from edgespec.api import DEFAULT_DRAFT, Engine, load
+from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, heads_kind, load
 from edgespec.errors import EdgespecError
 
 
@@ -63,16 +63,21 @@ def model_options(f):
                        "(*.medusa.npz, *.eagle.npz), 'ngram' (prompt lookup) or 'none'")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
+    @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
+                  help="Heads draft trees with up to this many candidates per position, verified in one pass "
+                       "(GGUF targets); 1 drafts chains. Other drafts given with bench --also draft chains")
     @plan_options
     @functools.wraps(f)
-    def wrapper(*args, pair, target, draft, provider, device, budget, n_ctx, kv_type, profiles, threads, **kwargs):
+    def wrapper(*args, pair, target, draft, provider, tree_width, device, budget, n_ctx, kv_type, profiles, threads,
+                **kwargs):
         if pair:
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
         def load_engine(other_draft=None, **extra):
+            width = tree_width if other_draft is None or heads_kind(other_draft) is not None else 1
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
-                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, **extra)
+                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width, **extra)
 
         # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,

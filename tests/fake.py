@@ -36,6 +36,19 @@ class FakeBackend:
         last = self.tokens[len(self.tokens) - n_logits:] if n_logits else []
         return self.table[last]  # [n_logits, V]
 
+    def forward_tree(self, tokens, parents):
+        """Rows for a draft tree (a Markov chain's row depends on the node's token alone)."""
+        assert len(self.tokens) + len(tokens) <= self.n_ctx, "the loop overflowed the context"
+        assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i), parents
+        self.calls.append((len(tokens), len(tokens)))
+        self.tree = list(tokens)
+        return self.table[self.tree]  # [n, V]
+
+    def keep_branch(self, path):
+        assert path[0] == 0
+        self.tokens.extend(self.tree[i] for i in path)
+        self.tree = None
+
     def rollback(self, n_past):
         assert 0 <= n_past <= len(self.tokens)
         del self.tokens[n_past:]

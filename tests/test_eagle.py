@@ -36,6 +36,15 @@ class HiddenFake(FakeBackend):
         self.last_hidden = np.pad(rows, ((0, 0), (0, E - V))).astype(np.float32) if n_logits else None
         return rows
 
+    def forward_tree(self, tokens, parents):
+        rows = super().forward_tree(tokens, parents)
+        self.last_hidden = np.pad(rows, ((0, 0), (0, E - V))).astype(np.float32)
+        return rows
+
+    def keep_branch(self, path):
+        super().keep_branch(path)
+        self.last_hidden = self.last_hidden[list(path)]
+
 
 def head_file(tmp_path, target, subset, seed=0, name="t.eagle.npz", digest=None):
     weights, meta = random_head(np.random.default_rng(seed), E)
@@ -123,6 +132,36 @@ def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, 
     assert (p < ALPHA) == broken, p
 
 
+@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 2, False),
+                                                   (SamplingParams(temperature=0.8, top_p=0.9), 3, False),
+                                                   (SamplingParams(temperature=1.0), 3, True)])
+def test_eagle_trees_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken):
+    """As above with draft trees 3 deep (the head's chain and its siblings, candidates over the head's subset),
+    run in llama.cpp: the joint law of four tokens is the target chain's; judging distinct candidates by the
+    full draft law is caught."""
+    from test_loop import run_tree
+    from test_verify import judged_with_replacement
+
+    from edgespec.runtime import verify as verify_module
+
+    rng = np.random.default_rng(7)
+    table = random_table(rng, V, 1.5)
+    table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    target = HiddenFake(table)
+    drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
+                           embeddings=rng.normal(size=(V, E)).astype(np.float32))
+    draws, nodes = [], 0
+    for seed in range(6000):
+        events, stats = run_tree(target, drafter, [1], width=width, max_tokens=4, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+        nodes += stats.tree_nodes
+    assert nodes > 6000 * 3
+    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
+    assert (p < ALPHA) == broken, p
+
+
 @pytest.mark.parametrize("weight_type, rtol", [("f32", 1e-4), ("f16", 0.02), ("q8_0", 0.1)])
 def test_the_head_in_llama_cpp_computes_what_the_numpy_head_does(weight_type, rtol):
     """Entries, a drafted chain, a truncation and more entries through GgmlHead (grouped-query attention,
@@ -158,6 +197,15 @@ def test_the_head_in_llama_cpp_computes_what_the_numpy_head_does(weight_type, rt
                         np.arange(40, 41 + room))
     with pytest.raises(EdgespecError, match="follow each other"):
         heads[1].append(feats[:1], embs[:1], np.array([7]))
+
+
+def test_draft_trees_need_heads(default_gguf):
+    from edgespec.api import load
+
+    with pytest.raises(EdgespecError, match="draft trees come from heads"):
+        load(default_gguf, "ngram", tree_width=2)
+    with pytest.raises(EdgespecError, match="tree width must be between 1 and 4"):
+        load(default_gguf, "ngram", tree_width=5)
 
 
 def test_eagle_files_are_checked(tmp_path):
@@ -200,6 +248,13 @@ def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(d
         base = engine.generate(prompt, max_tokens=24, draft_max=0)
         spec = engine.generate(prompt, max_tokens=24, draft_max=3)
         assert spec.tokens == base.tokens and spec.stats.drafted > 0
+    engine.close()
+    trees = load(default_gguf, path, n_ctx=512, tree_width=3)  # the head's chain and two siblings per depth
+    for prompt in ("Say hello.", "Name three colors."):
+        spec = trees.generate(prompt, max_tokens=24, draft_max=3)
+        assert spec.tokens == trees.generate(prompt, max_tokens=24, draft_max=0).tokens
+        assert spec.stats.tree_nodes > spec.stats.drafted > 0
+    trees.close()
     ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
     planned = plan_for(default_gguf, path, device="rpi5-8gb")
     assert planned.drafter == "heads" and planned.runtime - ngram.runtime == eagle_bytes(path, 49152, 8192)

@@ -17,7 +17,8 @@ V = 5
 
 class HiddenFake(FakeBackend):
     """A fake target whose 'hidden state' at a position is its logits row there (E = V), so an identity
-    output layer maps it back to the logits, as a real target's output layer does."""
+    output layer maps it back to the logits, as a real target's output layer does. Logits below -30 (a token
+    the test rules out) read as -30 there: a real state stays finite, and the heads' W h must not overflow."""
 
     hidden, path = True, None
 
@@ -28,8 +29,17 @@ class HiddenFake(FakeBackend):
 
     def forward(self, tokens, n_logits):
         rows = super().forward(tokens, n_logits)
-        self.last_hidden = rows.copy() if n_logits else None
+        self.last_hidden = np.maximum(rows, -30.0) if n_logits else None
         return rows
+
+    def forward_tree(self, tokens, parents):
+        rows = super().forward_tree(tokens, parents)
+        self.last_hidden = np.maximum(rows, -30.0)
+        return rows
+
+    def keep_branch(self, path):
+        super().keep_branch(path)
+        self.last_hidden = self.last_hidden[list(path)]
 
 
 def heads_file(tmp_path, target, n_heads=3, seed=0):
@@ -57,6 +67,34 @@ def test_medusa_sequences_follow_the_target_chain(tmp_path, monkeypatch, params,
         draws.append(tuple(tokens_of(events)))
         drafted += stats.drafted
     assert drafted > 6000  # the heads drafted in most runs (all but the first round of each)
+    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
+    assert (p < ALPHA) == broken, p
+
+
+@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 2, False),
+                                                   (SamplingParams(temperature=0.8, top_p=0.9), 3, False),
+                                                   (SamplingParams(temperature=1.0), 3, True)])
+def test_medusa_trees_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken):
+    """As above with draft trees 3 deep (head i's candidates at depth i): the joint law of four tokens is the
+    target chain's; judging distinct candidates by the full draft law is caught."""
+    from test_loop import run_tree
+    from test_verify import judged_with_replacement
+
+    from edgespec.runtime import verify as verify_module
+
+    rng = np.random.default_rng(7)
+    table = random_table(rng, V, 1.5)
+    table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    target = HiddenFake(table)
+    drafter = MedusaDrafter(heads_file(tmp_path, target), target, output=np.eye(V))
+    draws, nodes = [], 0
+    for seed in range(6000):
+        events, stats = run_tree(target, drafter, [1], width=width, max_tokens=4, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+        nodes += stats.tree_nodes
+    assert nodes > 6000 * 2
     p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
     assert (p < ALPHA) == broken, p
 
@@ -108,6 +146,12 @@ def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gg
         base = engine.generate(prompt, max_tokens=24, draft_max=0)
         spec = engine.generate(prompt, max_tokens=24, draft_max=2)
         assert spec.tokens == base.tokens and spec.stats.drafted > 0
+    trees = load(default_gguf, path, n_ctx=512, tree_width=2)
+    for prompt in ("Say hello.", "Name three colors."):
+        spec = trees.generate(prompt, max_tokens=24, draft_max=2)
+        assert spec.tokens == engine.generate(prompt, max_tokens=24, draft_max=0).tokens
+        assert spec.stats.tree_nodes > spec.stats.drafted > 0
+    trees.close()
     (tmp_path / "an-onnx-export").mkdir()
     with pytest.raises(EdgespecError, match="use a GGUF target"):
         load(tmp_path / "an-onnx-export", path)

@@ -201,3 +201,80 @@ def test_decode_time_is_live_while_streaming():
     for _ in events:
         seen.append(stats.decode_s)
     assert all(t > 0 for t in seen) and seen == sorted(seen) and stats.decode_s >= seen[-1]
+
+
+class MarkovTreeDrafter:
+    """Drafts trees from a Markov table (a head's stand-in): the candidates at a node come from the table's row
+    for the node's token, drawn as sampling.candidates draws them."""
+
+    name = "markov-tree"
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float64)
+
+    def propose_tree(self, context, k, width, params, rng):
+        from edgespec.runtime.drafts import chain_with_siblings
+
+        return chain_with_siblings(self.table[context[-1]], lambda token, i: self.table[token], k, width, params,
+                                   rng, self.table.shape[0])
+
+    def propose(self, context, k, params, rng):  # a chain: the tree one wide (row i: the law of token i)
+        tree = self.propose_tree(context, k, 1, params, rng)
+        return tree.tokens, tree.probs[:k]
+
+
+def run_tree(target, drafter, prompt, *, width, max_tokens=20, draft_max=3, params=GREEDY, seed=0):
+    stats = Stats()
+    events = list(speculate(target, drafter, controller(), prompt, params, np.random.default_rng(seed),
+                            max_tokens=max_tokens, draft_max=draft_max, stats=stats, tree_width=width))
+    return events, stats
+
+
+@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 2, False),
+                                                   (SamplingParams(temperature=0.7, top_k=4), 3, False),
+                                                   (SamplingParams(temperature=1.0), 3, True)])
+def test_draft_trees_follow_the_target_chain(monkeypatch, params, width, broken):
+    """Three tokens from the loop drafting trees 3 deep: their joint law is the target chain's; judging the
+    distinct candidates of a node by the full draft law (the rule for i.i.d. candidates) is caught."""
+    from test_verify import judged_with_replacement
+
+    from edgespec.runtime import verify as verify_module
+
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    if broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    drafter = MarkovTreeDrafter(d_table)
+    draws, nodes = [], 0
+    for seed in range(6000):
+        target = FakeBackend(t_table)
+        events, stats = run_tree(target, drafter, [1], width=width, max_tokens=3, params=params, seed=seed)
+        draws.append(tuple(tokens_of(events)))
+        nodes += stats.tree_nodes
+    assert nodes > 6000 * 2 * width  # the rounds did verify trees
+    p = goodness_of_fit(draws, markov_law(t_table, params, 1, 3))
+    assert (p < ALPHA) == broken, p
+
+
+def test_greedy_tree_accepts_the_target_choice_among_the_siblings():
+    """The draft's first choice is always wrong and its second always right: a chain accepts nothing, a
+    tree 2 wide accepts every depth through the siblings and the cache keeps the accepted branch."""
+    t_table = deterministic_table(CHAIN, V)
+    wrong = {a: (b % 5) + 1 for a, b in CHAIN.items()}  # the token after the right one
+    d_table = np.full((V, V), -30.0)
+    for a in range(V):
+        d_table[a, wrong.get(a, 1)] = 30.0
+        d_table[a, CHAIN.get(a, 1)] = 20.0
+    chain_out, chain_stats = run_tree(FakeBackend(t_table), MarkovTreeDrafter(d_table), [1], width=1)
+    target = FakeBackend(t_table)
+    tree_out, tree_stats = run_tree(target, MarkovTreeDrafter(d_table), [1], width=2)
+    expected = [CHAIN[1]]
+    while len(expected) < 20:
+        expected.append(CHAIN[expected[-1]])
+    assert tokens_of(tree_out) == tokens_of(chain_out) == expected
+    assert chain_stats.accepted == 0 and chain_stats.tree_nodes == 0
+    # a sibling accepted at depth 1 is a leaf: the round ends there with the target's token after it
+    assert tree_stats.accept_counts == {1: tree_stats.target_passes} and tree_stats.generated == 20
+    assert tree_stats.tree_nodes == 2 * tree_stats.drafted
+    assert target.tokens == [1, *expected][:len(target.tokens)]

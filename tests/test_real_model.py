@@ -157,3 +157,59 @@ def test_a_new_stream_closes_the_unfinished_one(ngram_engine):
     assert list(first) == [] and first.stats.finish_reason == "cancelled"
     fresh = edgespec.load(ngram_engine.target.path, "none", n_ctx=1024).generate(PROMPTS[3], max_tokens=20)
     assert second.tokens == fresh.tokens
+
+
+def test_a_tree_pass_gives_each_node_its_branch_and_keeps_one_branch(default_gguf):
+    """llama.cpp verifies a draft tree in one pass: each node's logits and hidden state are those of its
+    branch read as a chain; keeping a branch that is not the tree's first cells (a sibling) and then passing
+    more tokens, or another tree, reads what the chain would have."""
+    import numpy as np
+
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    backend = LlamaBackend(default_gguf, n_ctx=256, hidden=True)
+    text = backend.tokenize("The quick brown fox jumps over the lazy dog. Then", special=True)
+    tokens, parents = [text[-1], 100, 200, 300, 400, 500, 600, 700], [-1, 0, 0, 1, 1, 3, 2, 6]
+
+    def branch(i):
+        path = []
+        while i >= 0:
+            path.append(i)
+            i = parents[i]
+        return path[::-1]
+
+    def chain(seq, n_out=1):  # the reference: the text and seq as one chain
+        backend.rollback(0)
+        logits = backend.forward([*text[:-1], *seq], n_out)
+        return logits, backend.last_hidden
+
+    def close(a, b):
+        return np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+
+    backend.rollback(0)
+    backend.forward(text[:-1], 0)
+    logits, hidden = backend.forward_tree(tokens, parents), backend.last_hidden
+    for i in range(len(tokens)):
+        ref_logits, ref_hidden = chain([tokens[j] for j in branch(i)])
+        assert close(logits[i], ref_logits[0]) and close(hidden[i], ref_hidden[0]), i
+    for kept in ([0, 1, 3, 5], [0, 2, 6, 7], [0, 1, 4], [0]):  # the first branch, others, the root alone
+        backend.rollback(0)
+        backend.forward(text[:-1], 0)
+        backend.forward_tree(tokens, parents)
+        backend.keep_branch(kept)
+        assert backend.tokens == [*text, *(tokens[i] for i in kept[1:])]
+        np.testing.assert_array_equal(backend.last_hidden, hidden[kept])
+        after = backend.forward([42, 43], 2)
+        assert close(after, chain([tokens[i] for i in kept] + [42, 43], 2)[0]), kept
+        # a second tree right after the kept branch (what a branch owes the cache goes first in that pass)
+        before = [tokens[i] for i in kept]
+        refs = [chain(before + seq)[0][0] for seq in ([7], [7, 9], [7, 9, 44])]
+        backend.rollback(0)
+        backend.forward(text[:-1], 0)
+        backend.forward_tree(tokens, parents)
+        backend.keep_branch(kept)
+        second = backend.forward_tree([7, 8, 9], [-1, 0, 0])
+        assert close(second[0], refs[0]) and close(second[2], refs[1]), kept
+        backend.keep_branch([0, 2])
+        assert close(backend.forward([44], 1)[0], refs[2]), kept
+    backend.close()

@@ -91,12 +91,38 @@ def test_monte_carlo_second_token_given_first_accepted():
 
 
 def candidates_law(target, draft, m, rule_residual=residual):
-    """Exact law of the token verify_candidates emits with m candidates drawn i.i.d. from draft."""
-    if m == 0:
+    """Exact law of the token verify_candidates emits with m distinct candidates drawn one after another
+    from draft without replacement."""
+    if m == 0 or draft.sum() <= 0:
         return target
-    accept = np.array([acceptance_prob(target, draft, x) for x in range(len(target))])
-    after_reject = candidates_law(rule_residual(target, draft), draft, m - 1, rule_residual)
-    return draft * accept + float(np.sum(draft * (1 - accept))) * after_reject
+    law = np.zeros_like(target)
+    for x in np.nonzero(draft > 0)[0]:
+        accept = acceptance_prob(target, draft, x)
+        law[x] += draft[x] * accept
+        rest = draft.copy()
+        rest[x] = 0.0
+        if accept < 1 and rest.sum() > 0:
+            law += draft[x] * (1 - accept) * candidates_law(rule_residual(target, draft), rest / rest.sum(), m - 1,
+                                                           rule_residual)
+        elif accept < 1:
+            law += draft[x] * (1 - accept) * rule_residual(target, draft)
+    return law
+
+
+def _forgetful(target, judged, left, m):
+    """Law after a rejection for a rule that keeps judging by the first draft law `judged` while the
+    candidates come from `left` (unnormalised: what remains after removing the earlier draws)."""
+    if m == 0 or left.sum() <= 0:
+        return target
+    drawn = left / left.sum()
+    law = np.zeros_like(target)
+    for x in np.nonzero(drawn > 0)[0]:
+        accept = acceptance_prob(target, judged, x)
+        law[x] += drawn[x] * accept
+        rest = left.copy()
+        rest[x] = 0.0
+        law += drawn[x] * (1 - accept) * _forgetful(residual(target, judged), judged, rest, m - 1)
+    return law
 
 
 @settings(max_examples=200, deadline=None)
@@ -112,6 +138,23 @@ def test_several_candidates_without_the_residual_update_are_wrong():
     assert np.abs(candidates_law(target, draft, 2, keep_target) - target).max() > 0.05
 
 
+def test_distinct_candidates_judged_by_the_first_draft_law_are_wrong():
+    """The draft law must lose each rejected candidate: judged by the full draft law, distinct draws
+    (which a tree needs, or its branches repeat) emit another law."""
+    target, draft = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
+    assert np.abs(_forgetful(target, draft, draft, 2) - target).max() > 0.02
+
+
+def draw_distinct(law, m, rng):
+    """m distinct tokens drawn one after another from law without replacement (fewer if its support is)."""
+    law, out = law.copy(), []
+    while len(out) < m and law.sum() > 0:
+        token = sample(law / law.sum(), rng)
+        out.append(token)
+        law[token] = 0.0
+    return np.array(out, dtype=np.int64)
+
+
 def test_several_candidates_monte_carlo():
     from edgespec.runtime.verify import verify_candidates
 
@@ -119,7 +162,7 @@ def test_several_candidates_monte_carlo():
     target, draft = np.array([0.5, 0.25, 0.15, 0.1]), np.array([0.1, 0.2, 0.3, 0.4])
     draws, accepted_at = [], []
     for _ in range(20000):
-        candidates = np.array([sample(draft, rng) for _ in range(3)])
+        candidates = draw_distinct(draft, 3, rng)
         j, token = verify_candidates(target, draft, candidates, rng)
         assert j is None or candidates[j] == token
         draws.append(token)
@@ -127,3 +170,66 @@ def test_several_candidates_monte_carlo():
     assert goodness_of_fit(draws, dict(enumerate(target))) > ALPHA
     # a second and third candidate do get accepted after a first rejection: that is what a tree buys
     assert accepted_at.count(1) > 1000 and accepted_at.count(2) > 200
+
+
+def test_greedy_candidates_are_the_top_tokens_of_a_one_hot_law():
+    """Greedy drafting names the top m tokens, all but one outside the one-hot draft law: the target's
+    argmax is accepted wherever it stands among them, and nothing else is."""
+    from edgespec.runtime.verify import verify_candidates
+
+    rng = np.random.default_rng(0)
+    target, draft = np.eye(5)[3], np.eye(5)[1]
+    assert verify_candidates(target, draft, np.array([1, 3, 4]), rng) == (1, 3)
+    assert verify_candidates(target, draft, np.array([1, 4]), rng) == (None, 3)
+    assert verify_candidates(target, draft, np.array([3, 1]), rng) == (0, 3)
+
+
+# A two-level text: the target's law of the first token P0 and of the second given the first P1[first];
+# the draft's Q0 and Q1. The tree: two distinct children of the root; the first drawn has two children.
+P0 = np.array([0.4, 0.3, 0.2, 0.1])
+P1 = np.array([[0.1, 0.6, 0.2, 0.1], [0.5, 0.1, 0.1, 0.3], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
+Q0 = np.array([0.1, 0.2, 0.3, 0.4])
+Q1 = np.array([[0.4, 0.1, 0.1, 0.4], [0.1, 0.1, 0.7, 0.1], [0.3, 0.3, 0.2, 0.2], [0.1, 0.2, 0.3, 0.4]])
+
+
+def two_tokens_through_a_tree(rng):
+    """The first two tokens of a text whose first round verifies a draft tree; when the round emits one
+    token, the second comes from the target as the next round would."""
+    from edgespec.runtime.verify import verify_tree
+
+    first = draw_distinct(Q0, 2, rng)
+    second = draw_distinct(Q1[first[0]], 2, rng)
+    tokens, parents = np.array([*first, *second]), np.array([-1, -1, 0, 0])
+    target_rows = np.stack([P0, P1[first[0]], P1[first[1]], np.eye(4)[0], np.eye(4)[0]])  # leaves' rows unused
+    draft_rows = np.stack([Q0, Q1[first[0]], np.zeros(4), np.zeros(4), np.zeros(4)])
+    path, token = verify_tree(target_rows, draft_rows, tokens, parents, rng)
+    emitted = [int(tokens[i]) for i in path] + [token]
+    if len(emitted) == 1:
+        emitted.append(sample(P1[emitted[0]], rng))
+    return tuple(emitted[:2])
+
+
+def judged_with_replacement(target_row, draft_row, candidates, rng):
+    """A wrong rule for distinct candidates: the rule for i.i.d. ones, which judges every candidate by the full
+    draft law. The tree tests patch it in for verify_candidates to show they catch it."""
+    law = target_row
+    for j, token in enumerate(candidates):
+        if rng.random() < acceptance_prob(law, draft_row, token):
+            return j, int(token)
+        law = residual(law, draft_row)
+    return None, sample(law, rng)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_draft_tree_emits_the_target_law_of_two_tokens(monkeypatch, broken):
+    """Monte Carlo over the joint law of two tokens; judging distinct candidates by the full draft law (the
+    rule for i.i.d. candidates) is caught."""
+    from edgespec.runtime import verify as verify_module
+
+    if broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    rng = np.random.default_rng(21)
+    draws = [two_tokens_through_a_tree(rng) for _ in range(30000)]
+    law = {(a, b): P0[a] * P1[a, b] for a in range(4) for b in range(4)}
+    p = goodness_of_fit(draws, law)
+    assert (p < ALPHA) == broken, p

@@ -58,12 +58,15 @@ def _target_size(path: Path) -> int:
 def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.PathLike, *, max_tokens: int = 160,
                  temperature: float = 0.0, top_k: int = 32, hidden: bool = False, shard_size: int = 16,
                  seed: int = 0, n_ctx: int = 1024, threads: int | None = None, progress: bool = True,
-                 answerer: str | os.PathLike | None = None) -> dict:
+                 answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None) -> dict:
     """Answer every prompt and record the target's logits there; return the manifest (also in out/corpus.json).
 
     temperature 0 records greedy answers; above 0, sampled ones (prompt i is seeded with seed + i).
     answerer: a model sharing the target's vocabulary and chat template that writes the answers instead of
     the target (the records are the target's all the same).
+    answer_draft: the draft of the engine that answers (default: prompt lookup). Speculative decoding is exact,
+    so it changes how fast the answers come, not what they are, and is not part of the corpus's settings: a
+    build may resume with another draft.
     """
     target, out = Path(target), Path(out)
     answerer = Path(answerer) if answerer is not None else None
@@ -80,7 +83,8 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
         try:
-            engine, scorer = _open_models(target, answerer, hidden=hidden, n_ctx=n_ctx, threads=threads)
+            engine, scorer = _open_models(target, answerer, hidden=hidden, n_ctx=n_ctx, threads=threads,
+                                              draft=answer_draft)
         except BaseException:
             if fresh:  # a corpus this call began: models that do not load leave nothing behind
                 (out / MANIFEST).unlink()
@@ -113,17 +117,19 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     return manifest
 
 
-def _open_models(target: Path, answerer: Path | None, *, hidden: bool, n_ctx: int, threads: int | None):
+def _open_models(target: Path, answerer: Path | None, *, hidden: bool, n_ctx: int, threads: int | None,
+                 draft: str | os.PathLike | None = None):
     """(engine that answers, target backend that scores): the target's own engine when it answers itself."""
     from edgespec.api import load, open_model
 
+    draft = draft if draft is not None else "ngram"
     if answerer is None:
-        engine = load(target, "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
+        engine = load(target, draft, n_ctx=n_ctx, threads=threads, hidden=hidden)
         return engine, engine.target
     scorer = open_model(target, n_ctx=n_ctx, threads=threads, hidden=hidden)
     engine = None
     try:
-        engine = load(answerer, "ngram", n_ctx=n_ctx, threads=threads)
+        engine = load(answerer, draft, n_ctx=n_ctx, threads=threads)
         check_compatible(scorer.vocab, engine.target.vocab)
         if engine.target.chat_template() != scorer.chat_template():
             raise EdgespecError(f"{answerer.name} has another chat template than the target: its prompts would be "

@@ -75,6 +75,7 @@ class DraftController:
     target_costs: dict[int, float]  # n tokens in a verify pass -> seconds
     draft_cost: float  # seconds per drafted token
     k_max: int
+    width: int = 1  # candidates per depth of a draft tree: a round of depth k verifies k * width + 1 tokens
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
     _idle_rounds: int = field(default=0, repr=False)
@@ -83,16 +84,23 @@ class DraftController:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def pass_cost(self, k: int) -> float:
+        """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
+        n = k * self.width + 1
+        if n not in self.target_costs:  # a tree wider than what was measured: the widest known, scaled
+            widest = max(self.target_costs)
+            return self.target_costs[widest] * n / widest
+        return self.target_costs[n]
+
     def predicted_rate(self, k: int) -> float:
-        """Expected tokens per second with k drafts per round."""
-        return expected_tokens(self.alpha, k) / (k * self.draft_cost + self.target_costs[k + 1])
+        """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
+        return expected_tokens(self.alpha, k) / (k * self.draft_cost + self.pass_cost(k))
 
     def could_pay(self) -> bool:
         """Would some draft length beat target-only decoding if every draft were accepted? If not, the
         draft is too slow for this target and probing its acceptance is pure cost."""
         base = 1.0 / self.target_costs[1]
-        return any((k + 1) / (k * self.draft_cost + self.target_costs[k + 1]) > base
-                   for k in range(1, self.k_max + 1))
+        return any((k + 1) / (k * self.draft_cost + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
 
     def choose(self) -> int:
         k = max(range(self.k_max + 1), key=self.predicted_rate)
@@ -111,9 +119,11 @@ class DraftController:
         self.accepted = DECAY * self.accepted + p_accept
         self.rejected = DECAY * self.rejected + 1.0 - p_accept
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float) -> None:
-        """Record one round: n_drafted tokens proposed, n_accepted kept, and what each side cost."""
-        n = n_drafted + 1
+    def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
+                pass_tokens: int | None = None) -> None:
+        """Record one round: n_drafted tokens proposed (a tree: its depth), n_accepted kept, and what each side
+        cost; pass_tokens: tokens in the verify pass (default n_drafted + 1, a chain's)."""
+        n = pass_tokens if pass_tokens is not None else n_drafted + 1
         old = self.target_costs.get(n, target_s)
         self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n_drafted:

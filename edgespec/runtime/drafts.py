@@ -7,12 +7,14 @@ guess (prompt lookup) is a one-hot distribution, for which the verification rule
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
-from edgespec.runtime.sampling import SamplingParams, sample, to_probs
+from edgespec.runtime.sampling import SamplingParams, candidates, sample, to_probs
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
@@ -24,6 +26,60 @@ class Drafter(Protocol):
                 rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
         """Up to k tokens continuing `context`, and their draft probabilities [len, V]."""
         ...
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens as a tree under the last committed token (the root), for runtime/verify.verify_tree.
+
+    Nodes follow their parents; the children of a node are in the order they were drawn."""
+
+    tokens: list[int]  # [n]
+    parents: list[int]  # [n]: -1 for a child of the root, else the index of an earlier node
+    probs: np.ndarray  # [n+1, V]: the law each node's children were drawn from; row 0 the root's, row i+1 node i's
+
+    @property
+    def depth(self) -> int:
+        """Nodes on the longest path from the root: the most tokens a round can accept."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.ndarray], k: int, width: int,
+                        params: SamplingParams, rng: np.random.Generator, n_vocab: int,
+                        ids: np.ndarray | None = None) -> DraftTree:
+    """The tree a head drafts: a chain of k tokens, each with up to width - 1 siblings that are leaves.
+
+    At each depth the candidates come from the head's distribution there (sampling.candidates); the first
+    continues the chain, so the head runs once per depth as for a chain, and the siblings only widen the
+    verify pass. first_logits: the head's logits [S] for the first draft position; step(token, i): its
+    logits for position i + 1 once the chain has `token` at position i; ids maps the S outputs to vocabulary
+    ids (None: S is the vocabulary)."""
+    ids = np.arange(len(first_logits)) if ids is None else ids
+    tokens: list[int] = []
+    parents: list[int] = []
+    rows = {0: None}  # tree row -> the law its children came from
+    logits, parent = first_logits, -1
+    for i in range(k):
+        q = to_probs(logits, params)  # [S]
+        row = np.zeros(n_vocab)
+        row[ids] = q
+        rows[parent + 1] = row
+        picks = candidates(logits, q, width, params, rng)
+        chain = len(tokens)
+        for pick in picks:
+            tokens.append(int(ids[pick]))
+            parents.append(parent)
+        parent = chain
+        if i + 1 < k:
+            logits = step(tokens[chain], i)
+    probs = np.zeros((len(tokens) + 1, n_vocab))
+    for r, row in rows.items():
+        if row is not None:
+            probs[r] = row
+    return DraftTree(tokens, parents, probs)
 
 
 CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in its proposal's first pass

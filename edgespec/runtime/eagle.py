@@ -352,6 +352,27 @@ class EagleDrafter:
         self.head.truncate(n_committed)
         return drafts, probs
 
+    def propose_tree(self, context, k, width, params, rng):
+        """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings): the
+        head runs once per depth, as for a chain."""
+        from edgespec.runtime.drafts import DraftTree, chain_with_siblings
+
+        if k == 0 or len(context) < 2:
+            return DraftTree([], [], np.zeros((1, self.n_vocab)))
+        self._commit(context)
+        n_committed = self.head.n
+        state = {"g": self.last[0]}
+
+        def step(token, i):
+            state["g"], logits = self.head.append(state["g"][None, :], self._embed([token]),
+                                                  np.array([len(context) - 1 + i]))
+            return logits
+
+        try:
+            return chain_with_siblings(self.last[1], step, k, width, params, rng, self.n_vocab, ids=self.subset)
+        finally:
+            self.head.truncate(n_committed)
+
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
         """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
         import time

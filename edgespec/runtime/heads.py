@@ -136,6 +136,18 @@ class MedusaDrafter:
         self.feature = saved
         return sorted(times)[reps // 2] / self.n_heads
 
+    def propose_tree(self, context, k, width, params, rng):
+        """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings). Head i
+        reads only the target's state, so every node at depth i draws its children from the same law."""
+        from edgespec.runtime.drafts import DraftTree, chain_with_siblings
+
+        k = min(k, self.n_heads)
+        if k == 0 or self.feature is None:
+            return DraftTree([], [], np.zeros((1, self.output.shape[0])))
+        logits = medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T  # [k, V]
+        return chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, width, params, rng,
+                                   self.output.shape[0])
+
     def propose(self, context, k, params, rng):
         k = min(k, self.n_heads)
         if k == 0 or self.feature is None:

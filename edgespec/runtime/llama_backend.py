@@ -96,7 +96,10 @@ class LlamaBackend(_LlamaHandles):
         cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
         # a quantized V cache needs flash attention; llama.cpp's "auto" turns it on where the device has it
         cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
-        cparams.n_seq_max = 1
+        # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
+        # branches share are cells of several sequences in one unified cache (forward_tree)
+        cparams.n_seq_max = MAX_OUTPUTS
+        cparams.kv_unified = True
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
@@ -118,7 +121,9 @@ class LlamaBackend(_LlamaHandles):
         self.hidden = hidden
         self.n_embd = lib.llama_model_n_embd(self._model)
         self.last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, if hidden
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
+        self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
+        self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
 
     def _read_vocab(self) -> Vocab:
         lib, v = _llama, self._vocab_p
@@ -143,6 +148,10 @@ class LlamaBackend(_LlamaHandles):
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         lib = _llama
+        if self._pending:  # tokens a kept tree branch still owes the cache go first, in the same pass
+            tokens = [*self._pending, *tokens]
+            del self.tokens[len(self.tokens) - len(self._pending):]
+            self._pending = []
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)
         if self.hidden and 0 < n_logits < n:
@@ -180,9 +189,103 @@ class LlamaBackend(_LlamaHandles):
         self.last_hidden = hidden
         return out
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """One pass over a tree of tokens after the cache: tokens[0] (parent -1) follows the cached text, every
+        other token follows its parent; each attends to the text and its own ancestors only. Returns logits
+        [n, V] for every token (and their hidden states in last_hidden); the cache holds the tree until
+        keep_branch keeps one branch of it.
+
+        Leaf j's branch is sequence j + 1, which first shares the text's cells (sequence 0); a token belongs to
+        the sequences of the leaves below it, at the position of its depth. Tokens the cache still owes
+        (_pending) go first in the same pass, on every sequence."""
+        lib, n = _llama, len(tokens)
+        check_forward(self, n, n, MAX_OUTPUTS)
+        if self._tree is not None:
+            raise RuntimeError("keep_branch must follow forward_tree before another pass")
+        depth, has_child = [], [False] * n
+        for i, parent in enumerate(parents):
+            if (parent < 0) != (i == 0) or parent >= i:
+                raise ValueError(f"token {i} has parent {parent}: the first token is the root, nodes follow parents")
+            depth.append(0 if i == 0 else depth[parent] + 1)
+            if parent >= 0:
+                has_child[parent] = True
+        owed, self._pending = self._pending, []
+        del self.tokens[len(self.tokens) - len(owed):]
+        if len(owed) + n > self.n_batch:
+            raise EdgespecError(f"a draft tree of {n} tokens after {len(owed)} owed does not fit a batch of "
+                                f"{self.n_batch}")
+        seqs: list[list[int]] = [[0]] + [[] for _ in range(n - 1)]  # the root also continues the text
+        for seq, leaf in enumerate((i for i in range(n) if not has_child[i]), start=1):
+            lib.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
+            node = leaf
+            while node >= 0:
+                seqs[node].append(seq)
+                node = parents[node]
+        everyone = sorted({seq for row in seqs for seq in row})
+        self._tree = (list(tokens), seqs, None)  # from here on, keep_branch or rollback clears the branches
+        if self.hidden:
+            lib.llama_set_embeddings(self._ctx, True)
+        b, base = self._batch, len(self.tokens)
+        rows = [(tok, base + j, everyone, False) for j, tok in enumerate(owed)]
+        rows += [(tok, base + len(owed) + depth[j], seqs[j], True) for j, tok in enumerate(tokens)]
+        for j, (tok, pos, row_seqs, out) in enumerate(rows):
+            b.token[j], b.pos[j], b.logits[j] = tok, pos, int(out)
+            b.n_seq_id[j] = len(row_seqs)
+            for m, seq in enumerate(row_seqs):
+                b.seq_id[j][m] = seq
+        b.n_tokens = len(rows)
+        rc = lib.llama_decode(self._ctx, b)
+        if rc != 0:
+            self.rollback(len(self.tokens))
+            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} (draft tree of {n} tokens)")
+        self.tokens.extend(owed)
+        out = np.empty((n, self.vocab.n_vocab), dtype=np.float32)  # [n, V]
+        hidden = np.empty((n, self.n_embd), dtype=np.float32) if self.hidden else None  # [n, E]
+        for j in range(n):
+            out[j] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, len(owed) + j),
+                                           shape=(self.vocab.n_vocab,))
+            if hidden is not None:
+                hidden[j] = np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, len(owed) + j),
+                                                  shape=(self.n_embd,))
+        self._tree = (list(tokens), seqs, hidden)
+        self.last_hidden = hidden
+        return out
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        """After forward_tree: keep the tokens of `path` (indices from the root, path[0] == 0) after the
+        cached text and drop the rest of the tree; last_hidden becomes the path's rows.
+
+        The branch's cells stay where the tree put them only while they are the tree's first cells (the root
+        and the nodes written right after it): a later token must not land in a hole before a kept cell
+        (measured: llama.cpp's next pass then reads other values, 1.7 % off in the logits). The rest of the
+        branch is owed (_pending): self.tokens has it, and the next pass writes it first."""
+        if self._tree is None:
+            raise RuntimeError("keep_branch without a tree from forward_tree")
+        tokens, seqs, hidden = self._tree
+        if not path or path[0] != 0:
+            raise ValueError(f"a kept branch starts at the root, got {list(path)}")
+        in_place = next((i for i, node in enumerate(path) if node != i), len(path))  # the root and its run
+        base = len(self.tokens)
+        if in_place > 1:  # the root is in sequence 0 already; the nodes after it join it from their branch
+            branch = next(seq for seq in seqs[path[in_place - 1]] if seq > 0)
+            _llama.llama_memory_seq_cp(self._mem, branch, 0, base + 1, base + in_place)
+        self._drop_branches()
+        self.tokens.extend(tokens[i] for i in path)
+        self._pending = [tokens[i] for i in path[in_place:]]
+        self.last_hidden = hidden[list(path)] if hidden is not None else None
+
+    def _drop_branches(self) -> None:
+        if self._tree is not None:
+            n_branches = max(seq for seqs in self._tree[1] for seq in seqs)
+            for seq in range(1, n_branches + 1):
+                _llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._tree = None
+
     def rollback(self, n_past: int) -> None:
         if n_past < 0 or n_past > len(self.tokens):
             raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        self._drop_branches()  # a tree no branch was kept from
+        del self._pending[max(n_past - (len(self.tokens) - len(self._pending)), 0):]
         if not _llama.llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
         del self.tokens[n_past:]
@@ -240,7 +343,10 @@ class LlamaVectorModel(_LlamaHandles):
         cparams.n_ctx = n_ctx
         # without flash attention a pass holds [n_ctx, n_ubatch, n_head] scores: small batches keep that small
         cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
-        cparams.n_seq_max = 1
+        # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
+        # branches share are cells of several sequences in one unified cache (forward_tree)
+        cparams.n_seq_max = MAX_OUTPUTS
+        cparams.kv_unified = True
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
         cparams.no_perf = True

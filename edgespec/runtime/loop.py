@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Backend, sync
+from edgespec.runtime.backend import MAX_OUTPUTS, Backend, sync
 from edgespec.runtime.constraint import Constraint, restrict
 from edgespec.runtime.cost import DraftController
 from edgespec.runtime.drafts import Drafter, catch_up
 from edgespec.runtime.sampling import SamplingParams, to_probs
 from edgespec.runtime.text import TextStream
-from edgespec.runtime.verify import acceptance_prob, verify
+from edgespec.runtime.verify import acceptance_prob, verify, verify_tree
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     target_passes: int = 0  # verify passes after the prefill
+    tree_nodes: int = 0  # draft tokens verified in tree rounds (drafted counts their depth)
     accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
     draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
     prefill_s: float = 0.0  # the prompt through the target, and through a draft model if there is one
@@ -72,6 +73,7 @@ class Stats:
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accept_counts.items())},
             "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
             "target_passes": self.target_passes,
+            "tree_nodes": self.tree_nodes,
             "prefill_time_s": round(self.prefill_s, 4),
             "draft_time_s": round(self.draft_s, 4),
             "target_time_s": round(self.target_s, 4),
@@ -94,11 +96,15 @@ def speculate(
     draft_max: int | None = None,
     stats: Stats | None = None,
     constraint: Constraint | None = None,
+    tree_width: int = 1,
 ) -> Iterator[Event]:
     """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
 
     draft_max fixes the draft length (0 = target only); None lets the controller choose each round.
     constraint: a grammar over the answer (runtime/constraint.py), fresh; the loop advances it.
+    tree_width: above 1, a drafter that drafts trees (propose_tree: Medusa and EAGLE heads) proposes up to that
+    many candidates per depth and the target verifies the tree in one pass (forward_tree: llama.cpp);
+    rounds under a constraint, or with another drafter or target, draft chains.
 
     Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
     whatever the drafter.
@@ -112,11 +118,14 @@ def speculate(
     if len(prompt) >= target.n_ctx:
         raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
                             "shorten the prompt or raise the context (--ctx, n_ctx)")
+    if tree_width < 1:
+        raise EdgespecError(f"tree width must be at least 1, got {tree_width}")
     return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
-                   constraint)
+                   constraint, tree_width)
 
 
-def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint):
+def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint,
+            tree_width):
     """The generator behind `speculate`, which validated its arguments eagerly."""
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
@@ -148,36 +157,31 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 catch_up(drafter, committed)
                 stats.draft_s += time.perf_counter() - t
             t0 = time.perf_counter()
-            drafts, draft_probs = [], None
-            if k > 0:
-                grammar = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
-                drafts, draft_probs = drafter.propose(committed, k, params, rng, **grammar)
-            allowed = None
-            if constraint is not None:
-                drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
-            t1 = time.perf_counter()
-            logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
-            if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
-                logits = np.where(allowed, logits, -np.inf)
-            target_probs = to_probs(logits, params)  # [k+1, V]
-            if not drafts:  # k = 0 is the same rule with nothing to accept: a plain target sample
-                draft_probs = target_probs[:0]
-            n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts, dtype=np.int64), rng)
-            t2 = time.perf_counter()
-            target.rollback(len(committed) + n_acc)
+            trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
+                target, "forward_tree")
+            if trees:  # the tree's nodes must fit the context and one pass
+                k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
+            if k > 0 and trees:
+                drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, committed, k, tree_width,
+                                                                            params, rng)
+                stats.tree_nodes += n_pass - 1
+            else:
+                drafts, n_acc, token, target_probs, t1, t2 = _chain_round(target, drafter, committed, k, params,
+                                                                          rng, constraint)
+                n_pass, k_round = len(drafts) + 1, len(drafts)
             if hasattr(drafter, "observe_target"):  # heads read the state that produced the committed token
                 drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
 
             stats.target_passes += 1
             stats.draft_s += t1 - t0
             stats.target_s += t2 - t1
-            stats.draft_lengths[len(drafts)] += 1
-            if drafts:
-                stats.drafted += len(drafts)
+            stats.draft_lengths[k_round] += 1
+            if k_round:
+                stats.drafted += k_round
                 stats.accepted += n_acc
                 stats.accept_counts[n_acc] += 1
             if drafter is not None:
-                controller.observe(len(drafts), n_acc, t1 - t0, t2 - t1)
+                controller.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
                 if k == 0 and getattr(drafter, "free", False):
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
@@ -208,6 +212,44 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
         stats.decode_s = decode_base + time.perf_counter() - t_decode
+
+
+def _chain_round(target, drafter, committed, k, params, rng, constraint):
+    """Draft k tokens (0: none), verify them in one pass; the target's cache keeps the accepted ones.
+    Returns (drafts, accepted, next token, target rows, draft end time, verify end time)."""
+    drafts, draft_probs = [], None
+    if k > 0:
+        grammar = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
+        drafts, draft_probs = drafter.propose(committed, k, params, rng, **grammar)
+    allowed = None
+    if constraint is not None:
+        drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
+    t1 = time.perf_counter()
+    logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
+    if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
+        logits = np.where(allowed, logits, -np.inf)
+    target_probs = to_probs(logits, params)  # [k+1, V]
+    if not drafts:  # k = 0 is the same rule with nothing to accept: a plain target sample
+        draft_probs = target_probs[:0]
+    n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts, dtype=np.int64), rng)
+    t2 = time.perf_counter()
+    target.rollback(len(committed) + n_acc)
+    return drafts, n_acc, token, target_probs, t1, t2
+
+
+def _tree_round(target, drafter, committed, k, width, params, rng):
+    """Draft a tree k deep with up to `width` candidates per depth, verify it in one pass; the target's cache
+    keeps the accepted branch. Returns (accepted tokens, their number, next token, tokens in the pass, the
+    tree's depth, draft end time, verify end time)."""
+    tree = drafter.propose_tree(committed, k, width, params, rng)
+    t1 = time.perf_counter()
+    logits = target.forward_tree([committed[-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])  # [n+1, V]
+    path, token = verify_tree(to_probs(logits, params), tree.probs, np.asarray(tree.tokens, dtype=np.int64),
+                              np.asarray(tree.parents, dtype=np.int64), rng)
+    t2 = time.perf_counter()
+    target.keep_branch([0, *(i + 1 for i in path)])  # the root and the accepted nodes; last_hidden their rows
+    accepted = [tree.tokens[i] for i in path]
+    return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2
 
 
 def _constrain(constraint, drafts, draft_probs):

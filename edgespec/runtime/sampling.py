@@ -80,3 +80,21 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     # inverse-CDF on one uniform: cheaper than rng.choice's validation for a 49k vocabulary
     cdf = np.cumsum(probs)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+def candidates(logits: np.ndarray, probs: np.ndarray, m: int, params: SamplingParams,
+               rng: np.random.Generator) -> np.ndarray:
+    """Up to m distinct token ids for one position of a draft tree, in the order the tree rule must test them.
+
+    Sampling: drawn one after another from probs without replacement (fewer where probs has fewer tokens), the
+    law runtime/verify.verify_candidates assumes. Greedy: the m largest logits, the argmax first (the rule is
+    exact for any candidates against a one-hot target row)."""
+    if params.greedy:
+        top = np.argpartition(-logits, min(m, len(logits) - 1))[:m] if m < len(logits) else np.arange(len(logits))
+        return top[np.argsort(-logits[top], kind="stable")]
+    law, out = np.array(probs, dtype=np.float64), []
+    while len(out) < m and law.sum() > 0:
+        token = sample(law, rng)  # sample scales by the remaining mass
+        out.append(token)
+        law[token] = 0.0
+    return np.array(out, dtype=np.int64)
