@@ -154,9 +154,10 @@ class LlamaBackend(_LlamaHandles):
             self._pending = []
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)
-        if self.hidden and 0 < n_logits < n:
+        if self.hidden and 0 < n_logits < n and n > MAX_OUTPUTS:
             # with embeddings on, llama.cpp outputs every token of a batch (an assert aborts past
-            # n_outputs_max): run the rows without logits with them off, then the rest with them on
+            # n_outputs_max): run the rows without logits with them off, then the rest with them on. Up to
+            # MAX_OUTPUTS rows (a verify pass after a kept tree branch) share one pass, all rows out.
             self.forward(tokens[:n - n_logits], 0)
             return self.forward(tokens[n - n_logits:], n_logits)
         with_hidden = self.hidden and n_logits > 0
@@ -173,7 +174,7 @@ class LlamaBackend(_LlamaHandles):
                 b.pos[j] = len(self.tokens) + j
                 b.n_seq_id[j] = 1
                 b.seq_id[j][0] = 0
-                b.logits[j] = int(j >= first_out)
+                b.logits[j] = int(j >= first_out or with_hidden)
             b.n_tokens = len(chunk)
             rc = lib.llama_decode(self._ctx, b)
             if rc != 0:
@@ -209,11 +210,12 @@ class LlamaBackend(_LlamaHandles):
             depth.append(0 if i == 0 else depth[parent] + 1)
             if parent >= 0:
                 has_child[parent] = True
+        if self._pending and (self.hidden and len(self._pending) + n > MAX_OUTPUTS
+                              or len(self._pending) + n > self.n_batch):
+            # with embeddings on, llama.cpp outputs every row of a pass, and aborts past MAX_OUTPUTS
+            self.forward([], 0)  # writes the owed tokens alone
         owed, self._pending = self._pending, []
         del self.tokens[len(self.tokens) - len(owed):]
-        if len(owed) + n > self.n_batch:
-            raise EdgespecError(f"a draft tree of {n} tokens after {len(owed)} owed does not fit a batch of "
-                                f"{self.n_batch}")
         seqs: list[list[int]] = [[0]] + [[] for _ in range(n - 1)]  # the root also continues the text
         for seq, leaf in enumerate((i for i in range(n) if not has_child[i]), start=1):
             lib.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
