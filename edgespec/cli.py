@@ -342,6 +342,9 @@ def profiles(profiles, as_json):
 @click.option("--answers-from", "answerer", type=click.Path(exists=True), default=None,
               help="A faster model of the target's family (e.g. its Q4 quantization) writes the answers; the "
                    "target only scores them [default: the target answers]")
+@click.option("--answer-draft", type=click.Path(exists=True), default=None,
+              help="A draft model the answering model speculates with (e.g. the target's Q4 quantization): the "
+                   "answers stay exactly the answering model's, only faster [default: prompt lookup]")
 @click.option("--layers", type=click.IntRange(1), default=4, show_default=True, help="Draft layers")
 @click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
@@ -351,8 +354,8 @@ def profiles(profiles, as_json):
               help="Also export the draft to ONNX (fp32) in this folder")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, layers, epochs, max_tokens, quant,
-            onnx_out, seed, as_json):
+def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, layers, epochs,
+            max_tokens, quant, onnx_out, seed, as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -371,7 +374,7 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, l
         raise click.UsageError("--only-prompts needs --prompts FILE")
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, seed=seed, progress=not as_json,
-                  answerer=answerer)
+                  answerer=answerer, answer_draft=answer_draft)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -402,13 +405,16 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, l
 @click.option("--answers-from", "answerer", type=click.Path(exists=True), default=None,
               help="A faster model of the target's family (e.g. its Q4 quantization) writes the answers; the "
                    "target only scores them [default: the target answers]")
+@click.option("--answer-draft", type=click.Path(exists=True), default=None,
+              help="A draft model the answering model speculates with (e.g. the target's Q4 quantization): the "
+                   "answers stay exactly the answering model's, only faster [default: prompt lookup]")
 @click.option("--epochs", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
               help="Learning rate [default: 3e-3 medusa, 1e-3 eagle]")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, answerer, epochs, lr, max_tokens,
-                    as_json):
+def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, answerer, answer_draft, epochs, lr,
+                    max_tokens, as_json):
     """Train draft heads on the target's own answers and hidden states (no second model to run).
 
     Use them as the draft: edgespec chat --target T.gguf --draft HEADS.medusa.npz
@@ -421,7 +427,7 @@ def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, ans
     extra = {"steps": steps} if kind == "eagle" else {}
     summary = train_heads(target, out, kind=kind, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs,
                           lr=lr or (1e-3 if kind == "eagle" else 3e-3), max_tokens=max_tokens,
-                          progress=not as_json, answerer=answerer, **extra)
+                          progress=not as_json, answerer=answerer, answer_draft=answer_draft, **extra)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return

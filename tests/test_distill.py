@@ -129,6 +129,25 @@ def test_an_answerer_that_does_not_load_leaves_no_corpus_behind(default_gguf, tm
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_an_answer_draft_changes_how_fast_not_what_the_target_answers(default_corpus, default_gguf, q4_0_gguf,
+                                                                       tmp_path):
+    """The target answers through speculative decoding with its Q4_0 quantization as draft: the same greedy
+    answers and records as with prompt lookup; the draft is not a setting of the corpus (a build may resume
+    with another); a draft that does not load leaves nothing behind."""
+    manifest = build_corpus(default_gguf, PROMPTS, tmp_path / "d", max_tokens=12, hidden=True, shard_size=2,
+                            progress=False, answer_draft=q4_0_gguf)
+    assert manifest["settings"] == json.loads((default_corpus / "corpus.json").read_text())["settings"]
+    (_, with_draft), (_, with_lookup) = read_corpus(tmp_path / "d"), read_corpus(default_corpus)
+    for a, b in zip(with_draft, with_lookup, strict=True):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(EdgespecError):
+        build_corpus(default_gguf, PROMPTS, tmp_path / "e", answer_draft=broken, progress=False)
+    assert not (tmp_path / "e").exists()
+
+
 def test_an_answerer_with_another_chat_template_is_refused_before_anything_is_written(default_gguf, tmp_path):
     """The same weights and vocabulary under another system prompt: its prompts would be other tokens."""
     data = default_gguf.read_bytes()

@@ -186,10 +186,12 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
             prompts: list[dict] | None = None, corpus: str | os.PathLike | None = None, n_layers: int = 4,
             epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
-            answerer: str | os.PathLike | None = None, **train_kwargs) -> dict:
+            answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
+            **train_kwargs) -> dict:
     """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary.
 
-    answerer: a faster model of the target's family writes the corpus's answers (see build_corpus)."""
+    answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
+    answering model speculates with (see build_corpus)."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, read_corpus
     from edgespec.models.source import Source, resolve
@@ -210,7 +212,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                            hidden=Path(target).suffix.lower() == ".gguf", progress=progress, answerer=answerer)
+                            hidden=Path(target).suffix.lower() == ".gguf", progress=progress, answerer=answerer,
+                            answer_draft=answer_draft)
     corpus_s = time.perf_counter() - t0
     _, seqs = read_corpus(corpus)
     t0 = time.perf_counter()

@@ -100,11 +100,13 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
 def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kind: str = "medusa",
                 corpus: str | os.PathLike | None = None, prompts: list[dict] | None = None, n_heads: int = 4,
                 epochs: int = 2, max_tokens: int = 160, seed: int = 0, progress: bool = True,
-                answerer: str | os.PathLike | None = None, **train_kwargs) -> dict:
+                answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
+            **train_kwargs) -> dict:
     """Corpus (with hidden states) from a GGUF target, then Medusa heads or an EAGLE head: `edgespec train-heads`.
 
     kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle).
-    answerer: a faster model of the target's family writes the corpus's answers (see build_corpus).
+    answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
+    answering model speculates with (see build_corpus).
     """
     from edgespec.models.corpus import build_corpus, read_corpus
     from edgespec.models.distill import read_train_prompts
@@ -127,7 +129,8 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
     t0 = time.perf_counter()
     manifest = build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus,
-                            max_tokens=max_tokens, hidden=True, seed=seed, progress=progress, answerer=answerer)
+                            max_tokens=max_tokens, hidden=True, seed=seed, progress=progress, answerer=answerer,
+                            answer_draft=answer_draft)
     corpus_s = time.perf_counter() - t0
     _, seqs = read_corpus(corpus)
     backend = LlamaBackend(target, n_ctx=16)  # the vocabulary digest the heads are checked against at load
