@@ -300,10 +300,6 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     provider = provider or "cpu"
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
                                 hidden=hidden or heads_kind(draft) is not None, **settings)
-    if tree_width > 1 and not hasattr(target_backend, "forward_tree"):
-        target_backend.close()
-        raise EdgespecError(f"draft trees are verified in one llama.cpp pass: {target_backend.name} is not a GGUF "
-                            "target; use a tree width of 1")
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
                                                           provider=provider, **draft_settings)

@@ -60,25 +60,21 @@ def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.
     ids = np.arange(len(first_logits)) if ids is None else ids
     tokens: list[int] = []
     parents: list[int] = []
-    rows = {0: None}  # tree row -> the law its children came from
+    laws: list[tuple[int, np.ndarray]] = []  # (tree row, the law over ids its children came from)
     logits, parent = first_logits, -1
     for i in range(k):
         q = to_probs(logits, params)  # [S]
-        row = np.zeros(n_vocab)
-        row[ids] = q
-        rows[parent + 1] = row
-        picks = candidates(logits, q, width, params, rng)
+        laws.append((parent + 1, q))
         chain = len(tokens)
-        for pick in picks:
+        for pick in candidates(logits, q, width, params, rng):
             tokens.append(int(ids[pick]))
             parents.append(parent)
         parent = chain
         if i + 1 < k:
             logits = step(tokens[chain], i)
     probs = np.zeros((len(tokens) + 1, n_vocab))
-    for r, row in rows.items():
-        if row is not None:
-            probs[r] = row
+    for row, q in laws:
+        probs[row, ids] = q
     return DraftTree(tokens, parents, probs)
 
 

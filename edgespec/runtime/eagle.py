@@ -33,7 +33,6 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS
-from edgespec.runtime.sampling import sample, to_probs
 
 EAGLE_SUFFIX = ".eagle.npz"
 LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
@@ -336,21 +335,9 @@ class EagleDrafter:
             self._commit(context[:-1])
 
     def propose(self, context, k, params, rng):
-        if k == 0 or len(context) < 2:
-            return [], np.empty((0, self.n_vocab))
-        self._commit(context)
-        n_committed = self.head.n
-        drafts, probs = [], np.zeros((k, self.n_vocab))
-        g, logits = self.last
-        for i in range(k):
-            q = to_probs(logits[None, :], params)[0]  # [S]
-            probs[i, self.subset] = q
-            token = int(self.subset[sample(q, rng)])  # drawn over the subset: a sixth of the vocabulary's cumsum
-            drafts.append(token)
-            if i + 1 < k:
-                g, logits = self.head.append(g[None, :], self._embed([token]), np.array([len(context) - 1 + i]))
-        self.head.truncate(n_committed)
-        return drafts, probs
+        """A chain: the one-wide tree (row i of its laws is token i's)."""
+        tree = self.propose_tree(context, k, 1, params, rng)
+        return tree.tokens, tree.probs[:len(tree.tokens)]
 
     def propose_tree(self, context, k, width, params, rng):
         """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings): the

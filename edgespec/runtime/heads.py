@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.sampling import sample, to_probs
 
 HEADS_SUFFIX = ".medusa.npz"
 
@@ -149,9 +148,6 @@ class MedusaDrafter:
                                    self.output.shape[0])
 
     def propose(self, context, k, params, rng):
-        k = min(k, self.n_heads)
-        if k == 0 or self.feature is None:
-            return [], np.empty((0, self.output.shape[0]))
-        states = medusa_states(self.feature, self.weight[:k], self.bias[:k])  # [k, E]
-        probs = to_probs(states @ self.output.T, params)  # [k, V]
-        return [sample(row, rng) for row in probs], probs
+        """A chain: the one-wide tree (row i of its laws is token i's)."""
+        tree = self.propose_tree(context, k, 1, params, rng)
+        return tree.tokens, tree.probs[:len(tree.tokens)]

@@ -130,6 +130,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
     text = TextStream(stop)
+    trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
+        target, "forward_tree")
 
     t_start = time.perf_counter()
     if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
@@ -157,8 +159,6 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 catch_up(drafter, committed)
                 stats.draft_s += time.perf_counter() - t
             t0 = time.perf_counter()
-            trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
-                target, "forward_tree")
             if trees:  # the tree's nodes must fit the context and one pass
                 k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
             if k > 0 and trees:
