@@ -87,14 +87,7 @@ class Engine:
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
-        if isinstance(prompt, str) and chat is False:
-            return self.target.tokenize(prompt, special=True)
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        vocab = self.target.vocab
-        text = render_chat(self.target.chat_template(), messages,
-                           bos_token=vocab.texts[vocab.bos_id].decode("utf-8", "replace"),
-                           eos_token=vocab.texts[vocab.eos_id].decode("utf-8", "replace"))
-        return self.target.tokenize(text, special=True)
+        return prompt_tokens(self.target, prompt, chat=chat)
 
     def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
@@ -147,6 +140,18 @@ class Engine:
         for backend in (self.target, self.draft_backend):
             if backend is not None and hasattr(backend, "close"):
                 backend.close()
+
+
+def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
+    """Token ids of a prompt for a model: chat messages, or a string (chat-templated unless chat=False)."""
+    if isinstance(prompt, str) and chat is False:
+        return backend.tokenize(prompt, special=True)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    vocab = backend.vocab
+    text = render_chat(backend.chat_template(), messages,
+                       bos_token=vocab.texts[vocab.bos_id].decode("utf-8", "replace"),
+                       eos_token=vocab.texts[vocab.eos_id].decode("utf-8", "replace"))
+    return backend.tokenize(text, special=True)
 
 
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -165,21 +165,15 @@ class LlamaBackend(_LlamaHandles):
             lib.llama_set_embeddings(self._ctx, with_hidden)
         out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
         hidden = np.empty((n_logits, self.n_embd), dtype=np.float32) if with_hidden else None  # [n_logits, E]
-        b = self._batch
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             first_out = n - n_logits - start  # index in this chunk of the first position with logits
-            for j, tok in enumerate(chunk):
-                b.token[j] = tok
-                b.pos[j] = len(self.tokens) + j
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = 0
-                b.logits[j] = int(j >= first_out or with_hidden)
-            b.n_tokens = len(chunk)
-            rc = lib.llama_decode(self._ctx, b)
-            if rc != 0:
+            try:
+                self._decode([(tok, len(self.tokens) + j, 0, j >= first_out or with_hidden)
+                              for j, tok in enumerate(chunk)])
+            except EdgespecError:
                 self.rollback(len(self.tokens))  # drop whatever part of the chunk got in
-                raise EdgespecError(f"llama_decode failed with code {rc} on {self.name}")
+                raise
             self.tokens.extend(chunk)
             for j in range(max(first_out, 0), len(chunk)):
                 row = lib.llama_get_logits_ith(self._ctx, j)
@@ -227,19 +221,14 @@ class LlamaBackend(_LlamaHandles):
         self._tree = (list(tokens), seqs, None)  # from here on, keep_branch or rollback clears the branches
         if self.hidden:
             lib.llama_set_embeddings(self._ctx, True)
-        b, base = self._batch, len(self.tokens)
+        base = len(self.tokens)
         rows = [(tok, base + j, everyone, False) for j, tok in enumerate(owed)]
         rows += [(tok, base + len(owed) + depth[j], seqs[j], True) for j, tok in enumerate(tokens)]
-        for j, (tok, pos, row_seqs, out) in enumerate(rows):
-            b.token[j], b.pos[j], b.logits[j] = tok, pos, int(out)
-            b.n_seq_id[j] = len(row_seqs)
-            for m, seq in enumerate(row_seqs):
-                b.seq_id[j][m] = seq
-        b.n_tokens = len(rows)
-        rc = lib.llama_decode(self._ctx, b)
-        if rc != 0:
+        try:
+            self._decode(rows)
+        except EdgespecError:
             self.rollback(len(self.tokens))
-            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} (draft tree of {n} tokens)")
+            raise
         self.tokens.extend(owed)
         out = np.empty((n, self.vocab.n_vocab), dtype=np.float32)  # [n, V]
         hidden = np.empty((n, self.n_embd), dtype=np.float32) if self.hidden else None  # [n, E]
@@ -282,6 +271,78 @@ class LlamaBackend(_LlamaHandles):
             for seq in range(1, n_branches + 1):
                 _llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._tree = None
+
+    def answer_many(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                    pick: Callable[[int, np.ndarray], int], *, streams: int = MAX_OUTPUTS,
+                    on_answer: Callable[[int, list[int], bool], None] | None = None) -> list[tuple[list[int], bool]]:
+        """Plain decoding of many prompts at once, for corpora: up to `streams` of them share every decoding pass
+        (a pass reads the weights once however many rows it has, so on a bandwidth-bound device N rows cost far
+        less than N passes), and a prompt that ends makes room for the next. pick(i, logits [V]) chooses prompt
+        i's next token. Returns, per prompt, its answer and whether it ended on an end-of-generation token (which
+        the answer leaves out); on_answer(i, answer, ended_on_eog) is called as each prompt ends.
+
+        The passes are the ones a single generation makes, so the logits are the same to the bit: a prompt but its
+        last token is prefilled in a pass of its own, then every pass has one row per stream. (llama.cpp computes
+        a pass of 64 rows or more with other kernels: mixing prefills into decoding passes changed a quantized
+        model's logits by up to 0.75 and flipped greedy answers.)
+
+        Each stream is a sequence of its own in the unified cache, sharing its n_ctx cells: fewer streams run
+        where `streams` of the longest prompt with max_tokens would not fit. The cache is empty before and after."""
+        need = max((len(p) + max_tokens for p in prompts), default=0)
+        if not all(prompts) or need > self.n_ctx:
+            raise EdgespecError(f"a prompt with {max_tokens} tokens to answer needs {need} cells, more than the "
+                                f"context of {self.n_ctx} (or a prompt is empty)")
+        streams = max(1, min(streams, MAX_OUTPUTS, len(prompts), self.n_ctx // need))  # as many as fit
+        self.rollback(0)
+        if self.hidden:
+            _llama.llama_set_embeddings(self._ctx, False)
+        answers: list[tuple[list[int], bool] | None] = [None] * len(prompts)
+        waiting = iter(range(len(prompts)))
+        live: dict[int, list] = {}  # stream (its sequence id) -> [prompt index, answer so far]
+        try:
+            while True:
+                for s in range(streams):  # idle streams take the next prompts and prefill them
+                    if s not in live and (i := next(waiting, None)) is not None:
+                        live[s] = [i, []]
+                        prompt = prompts[i]
+                        for start in range(0, len(prompt) - 1, self.n_batch):
+                            chunk = prompt[start:min(start + self.n_batch, len(prompt) - 1)]
+                            self._decode([(tok, start + j, s, False) for j, tok in enumerate(chunk)])
+                if not live:
+                    return answers
+                order = sorted(live)
+                self._decode([(answer[-1] if answer else prompts[i][-1], len(prompts[i]) + len(answer) - 1, s, True)
+                              for s, (i, answer) in ((s, live[s]) for s in order)])
+                for row, s in enumerate(order):
+                    i, answer = live[s]
+                    logits = np.ctypeslib.as_array(_llama.llama_get_logits_ith(self._ctx, row),
+                                                   shape=(self.vocab.n_vocab,))
+                    tok = pick(i, logits)
+                    ended = tok in self.vocab.eog_ids
+                    if not ended:
+                        answer.append(tok)
+                    if ended or len(answer) >= max_tokens:
+                        answers[i] = (answer, ended)
+                        del live[s]
+                        _llama.llama_memory_seq_rm(self._mem, s, -1, -1)
+                        if on_answer:
+                            on_answer(i, answer, ended)
+        finally:
+            for s in range(streams):
+                _llama.llama_memory_seq_rm(self._mem, s, -1, -1)
+
+    def _decode(self, rows: Sequence[tuple[int, int, Sequence[int] | int, bool]]) -> None:
+        """One llama_decode of rows (token, position, sequence id(s), whether it returns logits)."""
+        b = self._batch
+        for j, (tok, pos, seqs, out) in enumerate(rows):
+            seqs = (seqs,) if isinstance(seqs, int) else seqs
+            b.token[j], b.pos[j], b.logits[j], b.n_seq_id[j] = tok, pos, int(out), len(seqs)
+            for m, seq in enumerate(seqs):
+                b.seq_id[j][m] = seq
+        b.n_tokens = len(rows)
+        rc = _llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(rows)} rows)")
 
     def rollback(self, n_past: int) -> None:
         if n_past < 0 or n_past > len(self.tokens):
