@@ -327,6 +327,17 @@ def profiles(profiles, as_json):
     click.echo("auto: this machine (memory from the OS, GPUs from llama.cpp, bandwidth measured)")
 
 
+def answering_options(f):
+    """--answers-from and --answer-draft: who writes a corpus's answers, and how (distill, train-heads)."""
+    f = click.option("--answer-draft", type=click.Path(exists=True), default=None,
+                     help="Answer one prompt at a time, speculating with this draft model (the answers stay the "
+                          "answering model's) [default: a GGUF model answers 16 prompts at once, faster on a "
+                          "CPU; ONNX ones one at a time with prompt lookup]")(f)
+    return click.option("--answers-from", "answerer", type=click.Path(exists=True), default=None,
+                        help="A faster model of the target's family (e.g. its Q4 quantization) writes the answers; "
+                             "the target only scores them [default: the target answers]")(f)
+
+
 @main.command()
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
               help="The target that answers the prompts (GGUF or ONNX) [default: the default model]")
@@ -339,12 +350,7 @@ def profiles(profiles, as_json):
 @click.option("--only-prompts", is_flag=True, help="Use only --prompts, not the built-in training prompts")
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers are kept (resumable) [default: beside --out]")
-@click.option("--answers-from", "answerer", type=click.Path(exists=True), default=None,
-              help="A faster model of the target's family (e.g. its Q4 quantization) writes the answers; the "
-                   "target only scores them [default: the target answers]")
-@click.option("--answer-draft", type=click.Path(exists=True), default=None,
-              help="A draft model the answering model speculates with (e.g. the target's Q4 quantization): the "
-                   "answers stay exactly the answering model's, only faster [default: prompt lookup]")
+@answering_options
 @click.option("--layers", type=click.IntRange(1), default=4, show_default=True, help="Draft layers")
 @click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
@@ -402,12 +408,7 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
               help="Your prompts (JSONL), added to the built-in training prompts")
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers and states are kept (resumable; shared with distill)")
-@click.option("--answers-from", "answerer", type=click.Path(exists=True), default=None,
-              help="A faster model of the target's family (e.g. its Q4 quantization) writes the answers; the "
-                   "target only scores them [default: the target answers]")
-@click.option("--answer-draft", type=click.Path(exists=True), default=None,
-              help="A draft model the answering model speculates with (e.g. the target's Q4 quantization): the "
-                   "answers stay exactly the answering model's, only faster [default: prompt lookup]")
+@answering_options
 @click.option("--epochs", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
               help="Learning rate [default: 3e-3 medusa, 1e-3 eagle]")

@@ -3,12 +3,9 @@
 import numpy as np
 import pytest
 from fake import EOS, FakeBackend, random_table
-from stats_util import ALPHA, goodness_of_fit
-from test_loop import markov_law, run, tokens_of
-from test_verify import without_residual
+from test_loop import check_target_law
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime import loop as loop_module
 from edgespec.runtime.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
 from edgespec.runtime.sampling import SamplingParams
 
@@ -106,60 +103,25 @@ def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path, runne
     np.testing.assert_allclose(drafter.last[0], expected[-1], atol=atol)
 
 
-@pytest.mark.parametrize("params, broken, runner", [(SamplingParams(temperature=1.0), False, "ggml"),
-                                                    (SamplingParams(temperature=1.0), False, "numpy"),
-                                                    (SamplingParams(temperature=0.8, top_p=0.9), False, "ggml"),
-                                                    (SamplingParams(temperature=1.0), True, "ggml")])
-def test_eagle_sequences_follow_the_target_chain(tmp_path, monkeypatch, params, broken, runner):
+T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
+
+
+@pytest.mark.parametrize("params, width, broken, runner", [(T1, 1, False, "ggml"), (T1, 1, False, "numpy"),
+                                                           (T08, 1, False, "ggml"), (T1, 1, True, "ggml"),
+                                                           (T1, 2, False, "ggml"), (T08, 3, False, "ggml"),
+                                                           (T1, 3, True, "ggml")])
+def test_eagle_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken, runner):
     """Four tokens from the loop drafted by a random EAGLE head whose output leaves out token 3 (draft
-    probability 0 there), run in llama.cpp or numpy: their joint law is the target chain's; not once the
-    residual step is removed."""
+    probability 0 there), run in llama.cpp or numpy, as chains or as trees 3 deep (the head's chain and its
+    siblings): their joint law is the target chain's; a wrong rule is caught."""
     rng = np.random.default_rng(7)
     table = random_table(rng, V, 1.5)
     table[:, EOS] = -1e9
-    if broken:
-        monkeypatch.setattr(loop_module, "verify", without_residual)
     target = HiddenFake(table)
     drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
                            embeddings=rng.normal(size=(V, E)).astype(np.float32), runner=runner)
-    draws, drafted = [], 0
-    for seed in range(6000):
-        events, stats = run(target, drafter, [1], max_tokens=4, draft_max=3, params=params, seed=seed)
-        draws.append(tuple(tokens_of(events)))
-        drafted += stats.drafted
-    assert drafted > 6000
-    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
-    assert (p < ALPHA) == broken, p
-
-
-@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 2, False),
-                                                   (SamplingParams(temperature=0.8, top_p=0.9), 3, False),
-                                                   (SamplingParams(temperature=1.0), 3, True)])
-def test_eagle_trees_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken):
-    """As above with draft trees 3 deep (the head's chain and its siblings, candidates over the head's subset),
-    run in llama.cpp: the joint law of four tokens is the target chain's; judging distinct candidates by the
-    full draft law is caught."""
-    from test_loop import run_tree
-    from test_verify import judged_with_replacement
-
-    from edgespec.runtime import verify as verify_module
-
-    rng = np.random.default_rng(7)
-    table = random_table(rng, V, 1.5)
-    table[:, EOS] = -1e9
-    if broken:
-        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
-    target = HiddenFake(table)
-    drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
-                           embeddings=rng.normal(size=(V, E)).astype(np.float32))
-    draws, nodes = [], 0
-    for seed in range(6000):
-        events, stats = run_tree(target, drafter, [1], width=width, max_tokens=4, params=params, seed=seed)
-        draws.append(tuple(tokens_of(events)))
-        nodes += stats.tree_nodes
-    assert nodes > 6000 * 3
-    p = goodness_of_fit(draws, markov_law(table, params, 1, 4))
-    assert (p < ALPHA) == broken, p
+    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4)
+    assert drafted > 6000 * (3 if width > 1 else 1)
 
 
 @pytest.mark.parametrize("weight_type, rtol", [("f32", 1e-4), ("f16", 0.02), ("q8_0", 0.1)])

@@ -150,25 +150,48 @@ def markov_law(table, params, start, n):
     return law
 
 
-@pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
-                                            (SamplingParams(temperature=0.7, top_k=4), False),
-                                            (SamplingParams(temperature=1.0), True)])
-def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, broken):
-    """Three tokens from the loop with a model draft (which drafts from a different chain): their
-    joint law is the target chain's; it is not once the residual step is removed."""
+def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000):
+    """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
+    joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
+    without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
+    candidates). Returns the tokens the rounds drafted (tree nodes for trees)."""
+    from test_verify import judged_with_replacement
+
+    from edgespec.runtime import verify as verify_module
+
+    if broken and width == 1:
+        monkeypatch.setattr(loop_module, "verify", without_residual)
+    elif broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    draws, drafted = [], 0
+    for seed in range(runs):
+        stats = Stats()
+        events = speculate(target, drafter, controller(), [1], params, np.random.default_rng(seed),
+                           max_tokens=n_tokens, draft_max=3, stats=stats, tree_width=width)
+        draws.append(tuple(tokens_of(list(events))))
+        drafted += stats.tree_nodes if width > 1 else stats.drafted
+    p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
+    assert (p < ALPHA) == broken, p
+    return drafted
+
+
+@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 1, False),
+                                                   (SamplingParams(temperature=0.7, top_k=4), 1, False),
+                                                   (SamplingParams(temperature=1.0), 1, True),
+                                                   (SamplingParams(temperature=1.0), 2, False),
+                                                   (SamplingParams(temperature=0.7, top_k=4), 3, False),
+                                                   (SamplingParams(temperature=1.0), 3, True)])
+def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, width, broken):
+    """Three tokens from the loop drafting from a different chain, as chains (a draft model) or as trees 3
+    deep: their joint law is the target chain's; a wrong rule is caught."""
     rng = np.random.default_rng(5)
     t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
     t_table[:, EOS] = d_table[:, EOS] = -1e9
-    if broken:
-        monkeypatch.setattr(loop_module, "verify", without_residual)
-    target, draft = FakeBackend(t_table), FakeBackend(d_table)
-    drafter = ModelDrafter(draft, target.vocab)
-    draws = []
-    for seed in range(6000):
-        events, _ = run(target, drafter, [1], max_tokens=3, draft_max=3, params=params, seed=seed)
-        draws.append(tuple(tokens_of(events)))
-    p = goodness_of_fit(draws, markov_law(t_table, params, 1, 3))
-    assert (p < ALPHA) == broken, p
+    target = FakeBackend(t_table)
+    drafter = ModelDrafter(FakeBackend(d_table), target.vocab) if width == 1 else MarkovTreeDrafter(d_table)
+    drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
+                               n_tokens=3)
+    assert drafted > 6000 * (2 * width if width > 1 else 1)  # the rounds did draft (trees: did verify trees)
 
 
 def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():
@@ -228,33 +251,6 @@ def run_tree(target, drafter, prompt, *, width, max_tokens=20, draft_max=3, para
     events = list(speculate(target, drafter, controller(), prompt, params, np.random.default_rng(seed),
                             max_tokens=max_tokens, draft_max=draft_max, stats=stats, tree_width=width))
     return events, stats
-
-
-@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 2, False),
-                                                   (SamplingParams(temperature=0.7, top_k=4), 3, False),
-                                                   (SamplingParams(temperature=1.0), 3, True)])
-def test_draft_trees_follow_the_target_chain(monkeypatch, params, width, broken):
-    """Three tokens from the loop drafting trees 3 deep: their joint law is the target chain's; judging the
-    distinct candidates of a node by the full draft law (the rule for i.i.d. candidates) is caught."""
-    from test_verify import judged_with_replacement
-
-    from edgespec.runtime import verify as verify_module
-
-    rng = np.random.default_rng(5)
-    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
-    t_table[:, EOS] = d_table[:, EOS] = -1e9
-    if broken:
-        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
-    drafter = MarkovTreeDrafter(d_table)
-    draws, nodes = [], 0
-    for seed in range(6000):
-        target = FakeBackend(t_table)
-        events, stats = run_tree(target, drafter, [1], width=width, max_tokens=3, params=params, seed=seed)
-        draws.append(tuple(tokens_of(events)))
-        nodes += stats.tree_nodes
-    assert nodes > 6000 * 2 * width  # the rounds did verify trees
-    p = goodness_of_fit(draws, markov_law(t_table, params, 1, 3))
-    assert (p < ALPHA) == broken, p
 
 
 def test_greedy_tree_accepts_the_target_choice_among_the_siblings():
