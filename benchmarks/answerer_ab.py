@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from head_agreement import first_step_hits
 
-from edgespec.models.corpus import MANIFEST, read_corpus
+from edgespec.models.corpus import MANIFEST, holdout_split, read_corpus
 from edgespec.models.eagle import fit_eagle
 from edgespec.runtime.eagle import EagleDrafter
 from edgespec.runtime.llama_backend import LlamaBackend
@@ -81,8 +81,8 @@ def main() -> None:
 
 
 def against(args, own, other_seqs, tmp: Path) -> None:
-    order = np.random.default_rng(0).permutation(len(other_seqs))  # train_eagle's split of the other corpus
-    held = {tuple(other_seqs[i].tokens[:other_seqs[i].n_prompt]) for i in order[:max(1, int(len(other_seqs) * 0.1))]}
+    held_out, _ = holdout_split(other_seqs, 0.1, np.random.default_rng(0))  # train_eagle's split of the other corpus
+    held = {tuple(s.tokens[:s.n_prompt]) for s in held_out}
     test = [s for s in own if tuple(s.tokens[:s.n_prompt]) in held]
     train = [s for s in own if tuple(s.tokens[:s.n_prompt]) not in held]
     print(f"{len(train)} training prompts ({sum(len(s.lse) for s in train)} own positions), {len(test)} test "

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from edgespec.models.corpus import read_corpus
+from edgespec.models.corpus import holdout_split, read_corpus
 from edgespec.runtime.eagle import EagleDrafter
 from edgespec.runtime.llama_backend import LlamaBackend
 
@@ -68,8 +68,7 @@ def main() -> None:
 
     manifest, seqs = read_corpus(args.corpus)
     cap = manifest["settings"]["max_tokens"]
-    order = np.random.default_rng(0).permutation(len(seqs))
-    held = [seqs[i] for i in order[:max(1, int(len(seqs) * 0.1))]]
+    held, _ = holdout_split(seqs, 0.1, np.random.default_rng(0))  # train_eagle's split (seed 0, 10 %)
     by_cat = defaultdict(list)
     for s in held:
         if len(by_cat[s.cat]) < args.per_category:

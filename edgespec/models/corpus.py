@@ -69,7 +69,7 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     answerer: a model sharing the target's vocabulary and chat template that writes the answers instead of
     the target (the records are the target's all the same).
     streams: how many prompts a GGUF answering model answers at once (one pass reads the weights for all of
-    them: measured 2.8x faster than one at a time for 16 streams on a 2-core CPU, same greedy answers).
+    them: 3.0x faster than one at a time with 16 streams on a 2-core CPU, benchmarks/answer_many.py).
     answer_draft: answer one prompt at a time through edgespec's engine, speculating with this draft (ONNX
     answering models always go one at a time, with prompt lookup). Neither changes what the answers are
     (sampled ones: what they are distributed as), so neither is a corpus setting: a build may resume with others.
@@ -90,19 +90,25 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     shards = [prompts[i:i + shard_size] for i in range(0, len(prompts), shard_size)]
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
+        from edgespec.api import load, open_model, prompt_tokens
+
+        model = answerer or target
+        one_at_a_time = answer_draft is not None or streams == 1 or model.is_dir() or model.suffix.lower() == ".onnx"
         scorer = answering = None
         try:
-            from edgespec.api import open_model, prompt_tokens
-
-            scorer = open_model(target, n_ctx=n_ctx, threads=threads, hidden=hidden)
+            if one_at_a_time and answerer is None:  # the target's engine answers, and its backend scores
+                answering = load(target, answer_draft or "ngram", n_ctx=n_ctx, threads=threads, hidden=hidden)
+                scorer = answering.target
+            else:
+                scorer = open_model(target, n_ctx=n_ctx, threads=threads, hidden=hidden)
             asked = {i * shard_size + j: prompt_tokens(scorer, row["prompt"])
                      for i in todo for j, row in enumerate(shards[i])}
-            answering = _open_answering(answerer or target, scorer, answer_draft, streams=streams, n_ctx=n_ctx,
-                                        room=max(map(len, asked.values())) + max_tokens, threads=threads)
+            if answering is None:
+                answering = _open_answering(model, scorer, answer_draft, one_at_a_time=one_at_a_time, n_ctx=n_ctx,
+                                            room=max(map(len, asked.values())) + max_tokens, streams=streams,
+                                            threads=threads)
         except BaseException:
-            for model in (answering, scorer):
-                if model is not None:
-                    model.close()
+            _close(answering, scorer)
             if fresh:  # a corpus this call began: models that do not load leave nothing behind
                 (out / MANIFEST).unlink()
                 if not was_there:
@@ -129,8 +135,7 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
         try:
             _answer(answering, asked, {i: prompts[i]["prompt"] for i in asked}, settings, streams, record)
         finally:
-            answering.close()
-            scorer.close()
+            _close(answering, scorer)
             if bar:
                 bar.render_finish()
     manifest["shards"] = [_shard_name(i) for i in range(len(shards))]
@@ -157,17 +162,18 @@ def _open_manifest(out: Path, settings: CorpusSettings) -> dict:
     return manifest
 
 
-def _open_answering(model: Path, scorer, draft, *, streams: int, n_ctx: int, room: int, threads: int | None):
-    """What writes the answers: a GGUF model that answers `streams` prompts at once (room cells each), or
-    edgespec's engine answering one at a time (ONNX models, streams 1, or a given draft to speculate with)."""
+def _open_answering(model: Path, scorer, draft, *, one_at_a_time: bool, n_ctx: int, room: int, streams: int,
+                    threads: int | None):
+    """What writes the answers when it is not the scorer's own engine: edgespec's engine answering one at a time,
+    or a GGUF model answering `streams` prompts at once (room cells each); checked against the scorer."""
     from edgespec.api import load, open_model
 
-    if model.suffix.lower() == ".gguf" and draft is None and streams > 1:
-        answering = open_model(model, n_ctx=streams * room, threads=threads, n_ubatch=512)
-        vocab, template = answering.vocab, answering.chat_template()
-    else:
-        answering = load(model, draft if draft is not None else "ngram", n_ctx=n_ctx, threads=threads)
+    if one_at_a_time:
+        answering = load(model, draft or "ngram", n_ctx=n_ctx, threads=threads)
         vocab, template = answering.target.vocab, answering.target.chat_template()
+    else:
+        answering = open_model(model, n_ctx=streams * room, threads=threads)
+        vocab, template = answering.vocab, answering.chat_template()
     try:
         check_compatible(scorer.vocab, vocab)
         if template != scorer.chat_template():
@@ -177,6 +183,14 @@ def _open_answering(model: Path, scorer, draft, *, streams: int, n_ctx: int, roo
         answering.close()
         raise
     return answering
+
+
+def _close(answering, scorer) -> None:
+    """Close what build_corpus opened (the scorer may be the answering engine's own target)."""
+    if answering is not None:
+        answering.close()
+    if scorer is not None and scorer is not getattr(answering, "target", None):
+        scorer.close()
 
 
 def _answer(answering, asked: dict[int, list[int]], texts: dict[int, str], settings: CorpusSettings, streams: int,
@@ -281,6 +295,15 @@ class Sequence:
     topk_logits: np.ndarray  # [L - n_prompt, K]
     lse: np.ndarray  # [L - n_prompt]
     hidden: np.ndarray | None  # [L - n_prompt, E]
+
+
+def holdout_split(seqs: list, holdout: float, rng: np.random.Generator) -> tuple[list, list]:
+    """(held-out, training) sequences: the first `holdout` share of a permutation drawn from rng (at least one
+    held out when there are two or more). Every trainer splits this way, so a benchmark given a trainer's seed
+    knows which prompts its draft never saw."""
+    order = rng.permutation(len(seqs))
+    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
+    return [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
 
 
 def read_corpus(folder: str | os.PathLike) -> tuple[dict, list[Sequence]]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.export.files import say
-from edgespec.models.corpus import Sequence
+from edgespec.models.corpus import Sequence, holdout_split
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -114,9 +114,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
     torch.set_num_threads(os.cpu_count() or 1)
     device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(seqs))
-    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
-    held, train_seqs = [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    held, train_seqs = holdout_split(seqs, holdout, rng)
     draft, picks = init_draft(source, n_layers)
     draft.to(device)
     if not train_embeddings:

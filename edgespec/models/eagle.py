@@ -21,7 +21,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.export.files import say
-from edgespec.models.corpus import Sequence
+from edgespec.models.corpus import Sequence, holdout_split
 from edgespec.runtime.eagle import LAYER_WEIGHTS
 
 SUBSET_SIZE = 8192  # output tokens: covers all but ~1 % of the target's probability mass on its own answers
@@ -198,9 +198,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(seqs))
-    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
-    held, train_seqs = [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    held, train_seqs = holdout_split(seqs, holdout, rng)
     subset_index = np.full(embeddings.shape[0] + 1, -1, np.int64)
     subset_index[subset] = np.arange(len(subset))
     subset_index = subset_index[:-1]

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.export.files import say
-from edgespec.models.corpus import Sequence
+from edgespec.models.corpus import Sequence, holdout_split
 
 
 def head_pairs(seqs: list[Sequence], n_heads: int) -> list[tuple[int, int, int]]:
@@ -36,9 +36,7 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(seqs))
-    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
-    held, train_seqs = [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    held, train_seqs = holdout_split(seqs, holdout, rng)
     n_embd = seqs[0].hidden.shape[1]
     out = torch.from_numpy(output)  # [V, E], frozen
     weight = torch.zeros((n_heads, n_embd, n_embd), requires_grad=True)

@@ -281,10 +281,11 @@ class LlamaBackend(_LlamaHandles):
         i's next token. Returns, per prompt, its answer and whether it ended on an end-of-generation token (which
         the answer leaves out); on_answer(i, answer, ended_on_eog) is called as each prompt ends.
 
-        The passes are the ones a single generation makes, so the logits are the same to the bit: a prompt but its
-        last token is prefilled in a pass of its own, then every pass has one row per stream. (llama.cpp computes
-        a pass of 64 rows or more with other kernels: mixing prefills into decoding passes changed a quantized
-        model's logits by up to 0.75 and flipped greedy answers.)
+        The passes are shaped like a single generation's, so llama.cpp runs the same kernels: a prompt but its last
+        token is prefilled in a pass of its own, then every pass has one row per stream. (It computes passes of 64
+        rows or more with other kernels: mixing prefills into decoding passes moved a quantized model's logits by
+        up to 0.75 and flipped greedy answers.) What remains is rounding: streams share the cache's cells, so
+        attention sums in another order, and a near-tie may flip (tests/test_distill.py measures it).
 
         Each stream is a sequence of its own in the unified cache, sharing its n_ctx cells: fewer streams run
         where `streams` of the longest prompt with max_tokens would not fit. The cache is empty before and after."""
@@ -311,8 +312,11 @@ class LlamaBackend(_LlamaHandles):
                 if not live:
                     return answers
                 order = sorted(live)
-                self._decode([(answer[-1] if answer else prompts[i][-1], len(prompts[i]) + len(answer) - 1, s, True)
-                              for s, (i, answer) in ((s, live[s]) for s in order)])
+                rows = []
+                for s in order:  # each stream's newest token (a fresh prompt's last one) asks for the next
+                    i, answer = live[s]
+                    rows.append((answer[-1] if answer else prompts[i][-1], len(prompts[i]) + len(answer) - 1, s, True))
+                self._decode(rows)
                 for row, s in enumerate(order):
                     i, answer = live[s]
                     logits = np.ctypeslib.as_array(_llama.llama_get_logits_ith(self._ctx, row),
