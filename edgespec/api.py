@@ -77,9 +77,10 @@ class Engine:
     """A target model, an optional drafter, and the draft-length controller measured for them."""
 
     def __init__(self, target: Backend, drafter: Drafter | None, controller: DraftController | None,
-                 draft_backend: Backend | None = None, plan=None, tree_width: int = 1):
+                 draft_backend: Backend | None = None, plan=None, tree_width: int = 1, gate: bool = True):
         self.target, self.drafter, self.controller = target, drafter, controller
         self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
+        self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (cost.DraftGate)
         self.draft_backend = draft_backend
         self.plan = plan  # the memory plan it was loaded with (runtime.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
@@ -112,7 +113,8 @@ class Engine:
         stats = Stats()
         events = speculate(self.target, self.drafter, self.controller, tokens, params,
                            np.random.default_rng(seed), max_tokens=max_tokens, stop=stop,
-                           draft_max=draft_max, stats=stats, constraint=constraint, tree_width=self.tree_width)
+                           draft_max=draft_max, stats=stats, constraint=constraint, tree_width=self.tree_width,
+                           gate=self.gate)
         if self._active is not None:  # its rounds would interleave with ours on the same cache
             self._active.close()
         self._active = Stream(events, stats)
@@ -252,7 +254,8 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
-         profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1) -> Engine:
+         profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
+         gate: bool = True) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -270,6 +273,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         hidden: the target also returns its hidden states (GGUF; on by itself for a heads draft).
         tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
             targets); 1 drafts chains.
+        gate: draft models and heads end each chain where one more token would not pay, judged from their
+            confidence in it (runtime/cost.DraftGate); False drafts the controller's k every round.
     """
     from edgespec.runtime.plan_report import refusal
     from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
@@ -319,4 +324,4 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
         controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
-    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width)
+    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate)

@@ -105,8 +105,10 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     return {
         "target": engine.target.name,
         "draft": engine.drafter.name + (" (grammar-unaware)" if json_schema and aware and not grammar_drafts
-                                        else "") + (f" (tree {engine.tree_width})" if engine.tree_width > 1 else ""),
+                                        else "") + (f" (tree {engine.tree_width})" if engine.tree_width > 1 else "")
+        + (" (ungated)" if getattr(engine.drafter, "gated", False) and not engine.gate else ""),
         "tree_width": engine.tree_width,
+        "gate": engine.gate and getattr(engine.drafter, "gated", False),
         "json_schema": json_schema is not None,
         "max_tokens": max_tokens,
         "temperature": temperature,

@@ -242,9 +242,12 @@ def chat(load_engine, system, **sampling):
               help="Constrain every answer to JSON valid against this schema (e.g. edgespec/data/robot.schema.json)")
 @click.option("--grammar-unaware", is_flag=True,
               help="With --json-schema: a draft model drafts as if there were no grammar (to compare)")
+@click.option("--no-gate", is_flag=True,
+              help="Draft models and heads draft the controller's length every round instead of ending each "
+                   "chain where its confidence says another token would not pay")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
 def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, categories, schema_file,
-          grammar_unaware, as_json):
+          grammar_unaware, no_gate, as_json):
     """Target-only vs speculative decoding, side by side in one process, per category."""
     from edgespec.bench import format_comparison, format_report, read_prompts, run_bench
 
@@ -258,7 +261,7 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
     for other in (None, *also):  # one draft at a time: a single loaded pair in memory
         if not as_json:
             _status("loading models and measuring draft costs ...")
-        engine: Engine = load_engine(other)
+        engine: Engine = load_engine(other, gate=not no_gate)
         try:
             reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
                                      draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),

@@ -1,6 +1,13 @@
 import pytest
 
-from edgespec.runtime.cost import PROBE_EVERY, DraftController, expected_tokens, measure_pass_costs
+from edgespec.runtime.cost import (
+    BIN_DECAY,
+    CONFIDENCE_BINS,
+    PROBE_EVERY,
+    DraftController,
+    expected_tokens,
+    measure_pass_costs,
+)
 
 
 def test_expected_tokens_formula():
@@ -64,3 +71,44 @@ def test_a_draft_too_slow_to_ever_pay_is_not_probed():
     c = controller_with(0.9, 0.6, draft_cost=2.0)  # a draft step costs twice a target step
     assert not c.could_pay()
     assert [c.choose() for _ in range(PROBE_EVERY * 3)] == [0] * (PROBE_EVERY * 3)
+
+
+def calibrated(acceptance, per_extra_token=0.1, draft_cost=0.01):
+    """A controller whose gate calibration says every confidence bin is accepted at `acceptance`."""
+    c = DraftController(costs(per_extra_token), draft_cost, k_max=8)
+    c.bin_accepted = [100 * acceptance] * CONFIDENCE_BINS
+    c.bin_rejected = [100 * (1 - acceptance)] * CONFIDENCE_BINS
+    return c
+
+
+def test_the_gate_keeps_what_pays_and_ends_the_chain_where_it_stops_paying():
+    # a row costs 0.1 of a pass: a token accepted 90 % of the time pays, one accepted 5 % does not
+    gate = calibrated(0.9).gate()
+    assert gate.keep(0.5) and gate.go_on() and gate.keep(0.5)
+    assert gate.confidences == [0.5, 0.5] and gate.expected == pytest.approx(1 + 0.9 + 0.81)
+    assert not calibrated(0.05).gate().keep(0.5)
+    # deeper in the chain the chance that all before were accepted shrinks what a token adds: at 60 %
+    # acceptance the gate keeps the first token and stops before the chain grows long
+    gate = calibrated(0.6).gate()
+    kept = 0
+    while kept < 8 and gate.keep(0.5) and gate.go_on():
+        kept += 1
+    assert 1 <= kept < 8
+    # where verify rows are dear (a row costs a whole pass), even a 90 % token does not pay for its row
+    assert not calibrated(0.9, per_extra_token=1.0).gate().keep(0.9)
+
+
+def test_the_gate_reads_acceptance_per_confidence_and_learns_it_from_verified_chains():
+    c = DraftController(costs(0.1), 0.01, k_max=8)
+    assert c.acceptance_at(0.95) > c.acceptance_at(0.55) > c.acceptance_at(0.05)  # prior: acceptance = confidence
+    low, high = c.acceptance_at(0.05), c.acceptance_at(0.95)
+    gate = c.gate()
+    gate.confidences = [0.95, 0.95, 0.05, 0.05]  # four kept drafts
+    for _ in range(20):  # the two sure ones accepted, the first unsure one rejected, the last never judged
+        c.observe_gate(gate, n_drafted=4, n_accepted=2)
+    assert c.acceptance_at(0.95) > high and c.acceptance_at(0.05) < low
+    before = list(c.bin_accepted), list(c.bin_rejected)
+    c.observe_gate(gate, n_drafted=1, n_accepted=1)  # a grammar cut the chain after its first draft
+    assert c.bin_accepted[9] == pytest.approx(BIN_DECAY * before[0][9] + 1)
+    assert c.bin_rejected[9] == pytest.approx(BIN_DECAY * before[1][9])
+    assert (c.bin_accepted[0], c.bin_rejected[0]) == (before[0][0], before[1][0])  # nothing said of it

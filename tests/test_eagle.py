@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from fake import EOS, FakeBackend, random_table
-from test_loop import check_target_law
+from test_loop import check_target_law, random_gates
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
@@ -106,22 +106,24 @@ def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path, runne
 T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
 
 
-@pytest.mark.parametrize("params, width, broken, runner", [(T1, 1, False, "ggml"), (T1, 1, False, "numpy"),
-                                                           (T08, 1, False, "ggml"), (T1, 1, True, "ggml"),
-                                                           (T1, 2, False, "ggml"), (T08, 3, False, "ggml"),
-                                                           (T1, 3, True, "ggml")])
-def test_eagle_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken, runner):
+@pytest.mark.parametrize("params, width, broken, runner, gated", [
+    (T1, 1, False, "ggml", False), (T1, 1, False, "numpy", False), (T08, 1, False, "ggml", False),
+    (T1, 1, True, "ggml", False), (T1, 2, False, "ggml", False), (T08, 3, False, "ggml", False),
+    (T1, 3, True, "ggml", False), (T1, 1, False, "ggml", True), (T08, 1, False, "ggml", True)])
+def test_eagle_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken, runner, gated):
     """Four tokens from the loop drafted by a random EAGLE head whose output leaves out token 3 (draft
-    probability 0 there), run in llama.cpp or numpy, as chains or as trees 3 deep (the head's chain and its
-    siblings): their joint law is the target chain's; a wrong rule is caught."""
+    probability 0 there), run in llama.cpp or numpy, as chains (to a fixed length or as far as the gate lets
+    them) or as trees 3 deep (the head's chain and its siblings): their joint law is the target chain's; a
+    wrong rule is caught."""
     rng = np.random.default_rng(7)
     table = random_table(rng, V, 1.5)
     table[:, EOS] = -1e9
     target = HiddenFake(table)
     drafter = EagleDrafter(head_file(tmp_path, target, [0, 1, 2, 4]), target,
                            embeddings=rng.normal(size=(V, E)).astype(np.float32), runner=runner)
-    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4)
-    assert drafted > 6000 * (3 if width > 1 else 1)
+    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4,
+                               gate=random_gates() if gated else None)
+    assert drafted > 6000 * (3 if width > 1 else 1 / 2 if gated else 1)
 
 
 @pytest.mark.parametrize("weight_type, rtol", [("f32", 1e-4), ("f16", 0.02), ("q8_0", 0.1)])
@@ -210,6 +212,7 @@ def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(d
         base = engine.generate(prompt, max_tokens=24, draft_max=0)
         spec = engine.generate(prompt, max_tokens=24, draft_max=3)
         assert spec.tokens == base.tokens and spec.stats.drafted > 0
+        assert engine.generate(prompt, max_tokens=24).tokens == base.tokens  # chains as far as the gate lets them
     engine.close()
     trees = load(default_gguf, path, n_ctx=512, tree_width=3)  # the head's chain and two siblings per depth
     for prompt in ("Say hello.", "Name three colors."):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from fake import EOS, FakeBackend, random_table
-from test_loop import check_target_law
+from test_loop import check_target_law, random_gates
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.heads import MedusaDrafter, load_heads, medusa_states, save_heads
@@ -45,22 +45,26 @@ def heads_file(tmp_path, target, n_heads=3, seed=0):
                       rng.normal(size=(n_heads, V)), {"vocab_digest": target.vocab.digest, "n_embd": V})
 
 
-@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 1, False),
-                                                   (SamplingParams(temperature=0.8, top_p=0.9), 1, False),
-                                                   (SamplingParams(temperature=1.0), 1, True),
-                                                   (SamplingParams(temperature=1.0), 2, False),
-                                                   (SamplingParams(temperature=0.8, top_p=0.9), 3, False),
-                                                   (SamplingParams(temperature=1.0), 3, True)])
-def test_medusa_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken):
-    """Four tokens from the loop with heads that draft from the target's state, as chains or as trees 3 deep
-    (head i's candidates at depth i): their joint law is the target chain's; a wrong rule is caught."""
+T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
+
+
+@pytest.mark.parametrize("params, width, broken, gated", [(T1, 1, False, False), (T08, 1, False, False),
+                                                          (T1, 1, True, False), (T1, 2, False, False),
+                                                          (T08, 3, False, False), (T1, 3, True, False),
+                                                          (T1, 1, False, True), (T08, 1, False, True)])
+def test_medusa_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, width, broken, gated):
+    """Four tokens from the loop with heads that draft from the target's state, as chains (to a fixed length or
+    as far as the gate lets them) or as trees 3 deep (head i's candidates at depth i): their joint law is the
+    target chain's; a wrong rule is caught."""
     rng = np.random.default_rng(7)
     table = random_table(rng, V, 1.5)
     table[:, EOS] = -1e9
     target = HiddenFake(table)
     drafter = MedusaDrafter(heads_file(tmp_path, target), target, output=np.eye(V))
-    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4)
-    assert drafted > 6000 * (2 if width > 1 else 1)  # the heads drafted in most runs (all but each first round)
+    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4,
+                               gate=random_gates() if gated else None)
+    # the heads drafted in most runs (all but each first round)
+    assert drafted > 6000 * (2 if width > 1 else 1 / 2 if gated else 1)
 
 
 def test_heads_state_is_a_residual_block():

@@ -1,6 +1,7 @@
 """The speculative loop on a table-driven fake backend: bookkeeping, stops, and exactness."""
 
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -10,10 +11,10 @@ from test_verify import without_residual
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime import loop as loop_module
-from edgespec.runtime.cost import DraftController
+from edgespec.runtime.cost import CONFIDENCE_BINS, DraftController, DraftGate
 from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.sampling import SamplingParams, sample
 
 GREEDY = SamplingParams(temperature=0)
 V = 6
@@ -150,11 +151,38 @@ def markov_law(table, params, start, n):
     return law
 
 
-def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000):
+class RandomGate(DraftGate):
+    """Keeps a drawn token with probability 0.6 and takes another step with 0.7, by its own generator: a
+    stopping rule blind to the draws, under which the output law must stay the target's."""
+
+    def __init__(self, controller, rng):
+        super().__init__(controller)
+        self.rng = rng
+
+    def keep(self, confidence):
+        kept = self.rng.random() < 0.6
+        if kept:
+            self.confidences.append(confidence)
+        return kept
+
+    def go_on(self):
+        return self.rng.random() < 0.7
+
+
+def random_gates(seed=0):
+    """A gate factory for check_target_law: RandomGates drawing from one generator."""
+    rng = np.random.default_rng(seed)
+    return lambda controller: RandomGate(controller, rng)
+
+
+def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000,
+                     gate=None):
     """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
     joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
     without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
-    candidates). Returns the tokens the rounds drafted (tree nodes for trees)."""
+    candidates). gate(controller) -> a DraftGate: chains drafted under it, as far as it lets them (it must
+    have both kept tokens and ended chains, many times). Returns the tokens the rounds drafted (tree nodes
+    for trees)."""
     from test_verify import judged_with_replacement
 
     from edgespec.runtime import verify as verify_module
@@ -163,35 +191,89 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
         monkeypatch.setattr(loop_module, "verify", without_residual)
     elif broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
-    draws, drafted = [], 0
+    draws, drafted, verdicts = [], 0, Counter()  # verdicts: the gate's, keep (True) or end the chain
+
+    def counted_gate(ctl):
+        g = gate(ctl)
+        keep = g.keep
+
+        def counted(confidence):
+            verdict = keep(confidence)
+            verdicts[verdict] += 1
+            return verdict
+
+        g.keep = counted
+        return g
+
     for seed in range(runs):
         stats = Stats()
-        events = speculate(target, drafter, controller(), [1], params, np.random.default_rng(seed),
-                           max_tokens=n_tokens, draft_max=3, stats=stats, tree_width=width)
+        ctl = controller()
+        if gate is not None:
+            ctl.gate = lambda ctl=ctl: counted_gate(ctl)
+        events = speculate(target, drafter, ctl, [1], params, np.random.default_rng(seed), max_tokens=n_tokens,
+                           draft_max=None if gate is not None else 3, stats=stats, tree_width=width)
         draws.append(tuple(tokens_of(list(events))))
         drafted += stats.tree_nodes if width > 1 else stats.drafted
     p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
     assert (p < ALPHA) == broken, p
+    if gate is not None:
+        assert min(verdicts[True], verdicts[False]) > runs // 10, verdicts
     return drafted
 
 
-@pytest.mark.parametrize("params, width, broken", [(SamplingParams(temperature=1.0), 1, False),
-                                                   (SamplingParams(temperature=0.7, top_k=4), 1, False),
-                                                   (SamplingParams(temperature=1.0), 1, True),
-                                                   (SamplingParams(temperature=1.0), 2, False),
-                                                   (SamplingParams(temperature=0.7, top_k=4), 3, False),
-                                                   (SamplingParams(temperature=1.0), 3, True)])
-def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, width, broken):
-    """Three tokens from the loop drafting from a different chain, as chains (a draft model) or as trees 3
-    deep: their joint law is the target chain's; a wrong rule is caught."""
+@pytest.mark.parametrize("params, width, broken, gated", [(SamplingParams(temperature=1.0), 1, False, False),
+                                                          (SamplingParams(temperature=0.7, top_k=4), 1, False, False),
+                                                          (SamplingParams(temperature=1.0), 1, True, False),
+                                                          (SamplingParams(temperature=1.0), 2, False, False),
+                                                          (SamplingParams(temperature=0.7, top_k=4), 3, False, False),
+                                                          (SamplingParams(temperature=1.0), 3, True, False),
+                                                          (SamplingParams(temperature=1.0), 1, False, True),
+                                                          (SamplingParams(temperature=0.7, top_k=4), 1, False, True),
+                                                          (SamplingParams(temperature=1.0), 1, True, True)])
+def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, width, broken, gated):
+    """Three tokens from the loop drafting from a different chain, as chains (a draft model, to a fixed length
+    or as far as a gate lets it) or as trees 3 deep: their joint law is the target chain's; a wrong rule is
+    caught."""
     rng = np.random.default_rng(5)
     t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
     t_table[:, EOS] = d_table[:, EOS] = -1e9
     target = FakeBackend(t_table)
     drafter = ModelDrafter(FakeBackend(d_table), target.vocab) if width == 1 else MarkovTreeDrafter(d_table)
     drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
-                               n_tokens=3)
-    assert drafted > 6000 * (2 * width if width > 1 else 1)  # the rounds did draft (trees: did verify trees)
+                               n_tokens=3, gate=random_gates() if gated else None)
+    assert drafted > 6000 * (2 * width if width > 1 else 1 / 2 if gated else 1)  # the rounds did draft (trees: trees)
+
+
+def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
+    """The gate may end a chain on what the draft thought before drawing a token, never on the token drawn: a
+    confidence that is the draft's probability of its own draw keeps likely draws more often than the draft
+    law says, and the output law moves off the target's; the check above sees it."""
+    from edgespec.runtime import drafts as drafts_module
+
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    drawn = []
+
+    def recorded(probs, rng):
+        drawn.append(sample(probs, rng))
+        return drawn[-1]
+
+    def of_the_draw(logits):
+        e = np.exp(logits - logits.max())
+        return float(e[drawn[-1]] / e.sum())
+
+    monkeypatch.setattr(drafts_module, "sample", recorded)
+    monkeypatch.setattr(drafts_module, "confidence", of_the_draw)
+    # costs and a calibration under which the real gate keeps drafts made at confidence 0.5 or more and only
+    # those (a verify row costs a tenth of a pass; drafts below are accepted 5 % of the time, above 90 %)
+    calibrated = DraftController({n: 1.0 + 0.1 * (n - 1) for n in range(1, 17)}, draft_cost=0.01, k_max=3)
+    for b in range(CONFIDENCE_BINS):
+        calibrated.bin_accepted[b], calibrated.bin_rejected[b] = (9.0, 1.0) if b >= CONFIDENCE_BINS // 2 else (0.5, 9.5)
+    target = FakeBackend(t_table)
+    check_target_law(monkeypatch, target, ModelDrafter(FakeBackend(d_table), target.vocab), t_table,
+                     SamplingParams(temperature=1.0), width=1, broken=True, n_tokens=3,
+                     gate=lambda _: DraftGate(calibrated))
 
 
 def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():

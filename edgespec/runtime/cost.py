@@ -5,6 +5,13 @@ number of tokens emitted is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 20
 round costs k draft steps plus one target pass over k+1 tokens. The controller picks the k in
 [0, k_max] with the most expected tokens per second; k = 0 is plain target decoding. Costs start from
 a calibration at load and follow what every round measures; alpha is a decayed running estimate.
+
+A drafter that knows how sure it is (draft models and heads: `gated`) drafts under a DraftGate instead of
+to a fixed k: each draft token is kept only while the round's expected tokens per second still rise with
+it, the token's acceptance read off its confidence (the draft's probability of it) through a calibration
+learned from every verified round. Where the draft is unsure, the round ends early and the verify pass
+stays short; where it is sure, the round drafts up to k_max. The length of a draft is the draft's own
+business, decided before the target is consulted, so the output law is untouched.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
 PRIOR_WEIGHT = 8.0  # pseudo-rounds behind a prior acceptance measured at load
 PROBE_EVERY = 32  # rounds at k = 0 before one k = 1 round re-tests acceptance
+CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draft's confidence
+BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
+BIN_DECAY = 0.99  # per token observed in a bin
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -78,6 +88,11 @@ class DraftController:
     width: int = 1  # candidates per depth of a draft tree: a round of depth k verifies k * width + 1 tokens
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
+    # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
+    bin_accepted: list[float] = field(default_factory=lambda: [
+        BIN_PRIOR * (i + 0.5) / CONFIDENCE_BINS for i in range(CONFIDENCE_BINS)])
+    bin_rejected: list[float] = field(default_factory=lambda: [
+        BIN_PRIOR * (1 - (i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)])
     _idle_rounds: int = field(default=0, repr=False)
 
     @property
@@ -91,6 +106,31 @@ class DraftController:
             widest = max(self.target_costs)
             return self.target_costs[widest] * n / widest
         return self.target_costs[n]
+
+    def chain_cost(self, k: int) -> float:
+        """Seconds for a chain round of k drafts: k draft steps and a verify pass of k + 1 tokens."""
+        n = k + 1
+        widest = max(self.target_costs)
+        verify = self.target_costs[n] if n in self.target_costs else self.target_costs[widest] * n / widest
+        return k * self.draft_cost + verify
+
+    def acceptance_at(self, confidence: float) -> float:
+        """The calibrated chance that a draft token drafted with this confidence is accepted (given the
+        tokens before it were)."""
+        b = min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+        return self.bin_accepted[b] / (self.bin_accepted[b] + self.bin_rejected[b])
+
+    def gate(self) -> DraftGate:
+        """A fresh gate for one round's chain."""
+        return DraftGate(self)
+
+    def observe_gate(self, gate: DraftGate, n_drafted: int, n_accepted: int) -> None:
+        """Calibrate from a verified gated chain: its first n_drafted tokens were verified (a grammar may
+        have cut the rest), n_accepted of them kept. Tokens after the first rejection say nothing."""
+        for i, confidence in enumerate(gate.confidences[:min(n_drafted, n_accepted + 1)]):
+            b = min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+            self.bin_accepted[b] = BIN_DECAY * self.bin_accepted[b] + (i < n_accepted)
+            self.bin_rejected[b] = BIN_DECAY * self.bin_rejected[b] + (i >= n_accepted)
 
     def predicted_rate(self, k: int) -> float:
         """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
@@ -130,3 +170,41 @@ class DraftController:
             self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / n_drafted
             self.accepted = DECAY * self.accepted + n_accepted
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
+
+
+class DraftGate:
+    """Decides, while a gated drafter drafts one chain, how far it goes. The drafter asks `keep(confidence)`
+    of each token it has drawn (False ends the chain before it) and `go_on()` before it pays for the next
+    draft step (False ends the chain after the tokens kept).
+
+    Both keep the round's expected tokens per second rising: with s the chance that every kept token is
+    accepted and a a token's calibrated acceptance, a token adds s * a expected tokens. Keeping a drawn one
+    costs a verify row (its draft step is spent either way); another step costs a draft step and a row, and
+    its acceptance is guessed from the last token's (confidence runs in stretches)."""
+
+    def __init__(self, controller: DraftController):
+        self.controller = controller
+        self.confidences: list[float] = []  # of the kept tokens
+        self.survival = 1.0
+        self.expected = 1.0  # tokens the round is expected to emit with the kept drafts (the target's one included)
+
+    def _verify(self, n: int) -> float:
+        return self.controller.chain_cost(n) - n * self.controller.draft_cost
+
+    def keep(self, confidence: float) -> bool:
+        c, n = self.controller, len(self.confidences)
+        gain = self.survival * c.acceptance_at(confidence)
+        spent = (n + 1) * c.draft_cost  # the steps so far, this token's included
+        if (self.expected + gain) / (spent + self._verify(n + 1)) <= self.expected / (spent + self._verify(n)):
+            return False
+        self.confidences.append(confidence)
+        self.survival = gain
+        self.expected += gain
+        return True
+
+    def go_on(self) -> bool:
+        c, n = self.controller, len(self.confidences)
+        if not n:
+            return False
+        gain = self.survival * c.acceptance_at(self.confidences[-1])
+        return (self.expected + gain) / c.chain_cost(n + 1) > self.expected / c.chain_cost(n)

@@ -47,16 +47,28 @@ class DraftTree:
         return max(depths, default=0)
 
 
+def confidence(logits: np.ndarray) -> float:
+    """How sure a draft is at a position: the top probability of its raw logits there (temperature 1, no
+    filters; greedy drafting makes every law one-hot), what a DraftGate reads.
+
+    It must not depend on the token drawn there: keeping a draw for what it is would keep some tokens more
+    often than the draft law says, and the rule, judging them by that law, would no longer be exact (a test
+    checks this is caught). A function of the position's logits is a function of the tokens before it."""
+    logits = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
 def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.ndarray], k: int, width: int,
                         params: SamplingParams, rng: np.random.Generator, n_vocab: int,
-                        ids: np.ndarray | None = None) -> DraftTree:
+                        ids: np.ndarray | None = None, gate=None) -> DraftTree:
     """The tree a head drafts: a chain of k tokens, each with up to width - 1 siblings that are leaves.
 
     At each depth the candidates come from the head's distribution there (sampling.candidates); the first
     continues the chain, so the head runs once per depth as for a chain, and the siblings only widen the
     verify pass. first_logits: the head's logits [S] for the first draft position; step(token, i): its
     logits for position i + 1 once the chain has `token` at position i; ids maps the S outputs to vocabulary
-    ids (None: S is the vocabulary)."""
+    ids (None: S is the vocabulary). gate (cost.DraftGate): asked with each depth's confidence whether to keep
+    that depth, and before each further step whether to take it."""
     ids = np.arange(len(first_logits)) if ids is None else ids
     tokens: list[int] = []
     parents: list[int] = []
@@ -64,13 +76,18 @@ def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.
     logits, parent = first_logits, -1
     for i in range(k):
         q = to_probs(logits, params)  # [S]
+        picks = candidates(logits, q, width, params, rng)
+        if gate is not None and not gate.keep(confidence(logits)):
+            break
         laws.append((parent + 1, q))
         chain = len(tokens)
-        for pick in candidates(logits, q, width, params, rng):
+        for pick in picks:
             tokens.append(int(ids[pick]))
             parents.append(parent)
         parent = chain
         if i + 1 < k:
+            if gate is not None and not gate.go_on():
+                break
             logits = step(tokens[chain], i)
     probs = np.zeros((len(tokens) + 1, n_vocab))
     for row, q in laws:
@@ -125,7 +142,9 @@ class ModelDrafter:
 
     grammar_aware = True  # proposes from its distribution masked by a constraint, when given one
 
-    def propose(self, context, k, params, rng, constraint=None):
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+
+    def propose(self, context, k, params, rng, constraint=None, gate=None):
         seen = self.visible(context)
         k = min(k, self.backend.n_ctx - len(seen))
         if k <= 0:
@@ -139,6 +158,8 @@ class ModelDrafter:
                 logits = np.where(constraint.allowed(), logits, -np.inf)
             probs = to_probs(logits, params)  # [V]
             token = sample(probs, rng)
+            if gate is not None and not gate.keep(confidence(logits)):
+                break
             tokens.append(token)
             rows.append(probs)
             if constraint is not None:
@@ -147,10 +168,12 @@ class ModelDrafter:
                 consumed += 1
             if len(tokens) == k or token in eog:  # nothing worth drafting past the end
                 break
+            if gate is not None and not gate.go_on():
+                break
             logits = self.backend.forward([token], 1)[0]
         if constraint is not None:
             constraint.rollback(consumed)
-        return tokens, np.stack(rows)
+        return tokens, np.stack(rows) if rows else np.empty((0, self.backend.vocab.n_vocab))
 
 
 class PromptLookupDrafter:

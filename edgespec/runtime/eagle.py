@@ -334,12 +334,14 @@ class EagleDrafter:
         if len(context) > 2:
             self._commit(context[:-1])
 
-    def propose(self, context, k, params, rng):
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+
+    def propose(self, context, k, params, rng, gate=None):
         """A chain: the one-wide tree (row i of its laws is token i's)."""
-        tree = self.propose_tree(context, k, 1, params, rng)
+        tree = self.propose_tree(context, k, 1, params, rng, gate=gate)
         return tree.tokens, tree.probs[:len(tree.tokens)]
 
-    def propose_tree(self, context, k, width, params, rng):
+    def propose_tree(self, context, k, width, params, rng, gate=None):
         """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings): the
         head runs once per depth, as for a chain."""
         from edgespec.runtime.drafts import DraftTree, chain_with_siblings
@@ -356,7 +358,8 @@ class EagleDrafter:
             return logits
 
         try:
-            return chain_with_siblings(self.last[1], step, k, width, params, rng, self.n_vocab, ids=self.subset)
+            return chain_with_siblings(self.last[1], step, k, width, params, rng, self.n_vocab, ids=self.subset,
+                                       gate=gate)
         finally:
             self.head.truncate(n_committed)
 

@@ -135,7 +135,7 @@ class MedusaDrafter:
         self.feature = saved
         return sorted(times)[reps // 2] / self.n_heads
 
-    def propose_tree(self, context, k, width, params, rng):
+    def propose_tree(self, context, k, width, params, rng, gate=None):
         """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings). Head i
         reads only the target's state, so every node at depth i draws its children from the same law."""
         from edgespec.runtime.drafts import DraftTree, chain_with_siblings
@@ -145,9 +145,11 @@ class MedusaDrafter:
             return DraftTree([], [], np.zeros((1, self.output.shape[0])))
         logits = medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T  # [k, V]
         return chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, width, params, rng,
-                                   self.output.shape[0])
+                                   self.output.shape[0], gate=gate)
 
-    def propose(self, context, k, params, rng):
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+
+    def propose(self, context, k, params, rng, gate=None):
         """A chain: the one-wide tree (row i of its laws is token i's)."""
-        tree = self.propose_tree(context, k, 1, params, rng)
+        tree = self.propose_tree(context, k, 1, params, rng, gate=gate)
         return tree.tokens, tree.probs[:len(tree.tokens)]

@@ -97,6 +97,7 @@ def speculate(
     stats: Stats | None = None,
     constraint: Constraint | None = None,
     tree_width: int = 1,
+    gate: bool = True,
 ) -> Iterator[Event]:
     """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
 
@@ -105,6 +106,8 @@ def speculate(
     tree_width: above 1, a drafter that drafts trees (propose_tree: Medusa and EAGLE heads) proposes up to that
     many candidates per depth and the target verifies the tree in one pass (forward_tree: llama.cpp);
     rounds under a constraint, or with another drafter or target, draft chains.
+    gate: a drafter that knows how sure it is (`gated`: draft models, heads) drafts chains under the
+    controller's DraftGate, which ends each chain where one more token would not pay (with draft_max None).
 
     Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
     whatever the drafter.
@@ -121,17 +124,18 @@ def speculate(
     if tree_width < 1:
         raise EdgespecError(f"tree width must be at least 1, got {tree_width}")
     return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
-                   constraint, tree_width)
+                   constraint, tree_width, gate)
 
 
 def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint,
-            tree_width):
+            tree_width, gate):
     """The generator behind `speculate`, which validated its arguments eagerly."""
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
     text = TextStream(stop)
     trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
         target, "forward_tree")
+    gated = gate and draft_max is None and not trees and getattr(drafter, "gated", False)
 
     t_start = time.perf_counter()
     if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
@@ -152,6 +156,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             k = 0
             if drafter is not None:
                 k = controller.choose() if draft_max is None else draft_max
+                if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
+                    k = controller.k_max
                 k = min(k, room - 1, max_tokens - stats.generated - 1)
 
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
@@ -166,9 +172,12 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                                                                             params, rng)
                 stats.tree_nodes += n_pass - 1
             else:
+                round_gate = controller.gate() if gated and k > 0 else None
                 drafts, n_acc, token, target_probs, t1, t2 = _chain_round(target, drafter, committed, k, params,
-                                                                          rng, constraint)
+                                                                          rng, constraint, round_gate)
                 n_pass, k_round = len(drafts) + 1, len(drafts)
+                if round_gate is not None:
+                    controller.observe_gate(round_gate, len(drafts), n_acc)
             if hasattr(drafter, "observe_target"):  # heads read the state that produced the committed token
                 drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
 
@@ -214,13 +223,16 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         stats.decode_s = decode_base + time.perf_counter() - t_decode
 
 
-def _chain_round(target, drafter, committed, k, params, rng, constraint):
-    """Draft k tokens (0: none), verify them in one pass; the target's cache keeps the accepted ones.
-    Returns (drafts, accepted, next token, target rows, draft end time, verify end time)."""
+def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None):
+    """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass; the target's
+    cache keeps the accepted ones. Returns (drafts, accepted, next token, target rows, draft end time, verify
+    end time)."""
     drafts, draft_probs = [], None
     if k > 0:
-        grammar = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
-        drafts, draft_probs = drafter.propose(committed, k, params, rng, **grammar)
+        options = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
+        if gate is not None:
+            options["gate"] = gate
+        drafts, draft_probs = drafter.propose(committed, k, params, rng, **options)
     allowed = None
     if constraint is not None:
         drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
