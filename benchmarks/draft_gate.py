@@ -5,7 +5,8 @@ the same prompts, side by side in one process, per category.
 
 Each draft loads once; its gated and ungated runs share the models but keep controllers of their own (what one
 learns about acceptance would steer the other), and the three runs of a prompt go in turn, the order rotating
-by prompt. Greedy: the three outputs must be the same tokens (counted).
+by prompt. Greedy: the three outputs must be the same tokens (counted). Also prints the gate's calibration at
+the end (acceptance per tenth of confidence, learned over the run).
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ def compare(target: str, draft: str, prompts: list[dict], max_tokens: int, threa
                 same[cat] += outputs["gated"] == outputs["ungated"] == outputs["target"]
     finally:
         gated.close()
-    report = {}
+    learned = gated.controller
+    report = {"categories": {}, "calibration": [
+        round(a / (a + r), 3) for a, r in zip(learned.bin_accepted, learned.bin_rejected, strict=True)]}
     for cat, t in totals.items():
         base = t["target"]["tokens"] / t["target"]["seconds"]
-        report[cat] = {"same_outputs": same[cat]}
+        report["categories"][cat] = row = {"same_outputs": same[cat]}
         for mode in ("ungated", "gated"):
             m = t[mode]
-            report[cat][mode] = {"ratio": round(m["tokens"] / m["seconds"] / base, 3),
+            row[mode] = {"ratio": round(m["tokens"] / m["seconds"] / base, 3),
                                  "acceptance": round(m["accepted"] / m["drafted"], 3) if m["drafted"] else 0.0,
                                  "drafted": m["drafted"]}
     return report
@@ -76,11 +79,13 @@ def main() -> None:
     for draft, report in reports.items():
         print(f"\n{draft}\n{'category':10} {'ungated ratio':>13} {'accept':>7} {'drafted':>8}"
               f" {'gated ratio':>12} {'accept':>7} {'drafted':>8} {'same':>5}")
-        for cat in sorted(report, key=lambda c: (c == "overall", c)):
-            r = report[cat]
+        for cat in sorted(report["categories"], key=lambda c: (c == "overall", c)):
+            r = report["categories"][cat]
             u, g = r["ungated"], r["gated"]
             print(f"{cat:10} {u['ratio']:13.3f} {u['acceptance']:7.2f} {u['drafted']:8d}"
                   f" {g['ratio']:12.3f} {g['acceptance']:7.2f} {g['drafted']:8d} {r['same_outputs']:5d}")
+        print("gate calibration, acceptance per tenth of confidence:",
+              " ".join(f"{a:.2f}" for a in report["calibration"]))
 
 
 if __name__ == "__main__":

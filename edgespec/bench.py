@@ -102,13 +102,14 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "identical_outputs": t["same"],
         }
     overall = categories.pop("overall")
+    gated = getattr(engine.drafter, "gated", False)  # drafts chains under a DraftGate unless engine.gate is off
     return {
         "target": engine.target.name,
         "draft": engine.drafter.name + (" (grammar-unaware)" if json_schema and aware and not grammar_drafts
                                         else "") + (f" (tree {engine.tree_width})" if engine.tree_width > 1 else "")
-        + (" (ungated)" if getattr(engine.drafter, "gated", False) and not engine.gate else ""),
+        + (" (ungated)" if gated and not engine.gate else ""),
         "tree_width": engine.tree_width,
-        "gate": engine.gate and getattr(engine.drafter, "gated", False),
+        "gate": engine.gate and gated,
         "json_schema": json_schema is not None,
         "max_tokens": max_tokens,
         "temperature": temperature,

@@ -8,7 +8,8 @@ a calibration at load and follow what every round measures; alpha is a decayed r
 
 A drafter that knows how sure it is (draft models and heads: `gated`) drafts under a DraftGate instead of
 to a fixed k: each draft token is kept only while the round's expected tokens per second still rise with
-it, the token's acceptance read off its confidence (the draft's probability of it) through a calibration
+it, the token's acceptance read off the draft's confidence at its position (the top probability of the
+draft's law there, never the drawn token's own: that would bias the draft law) through a calibration
 learned from every verified round. Where the draft is unsure, the round ends early and the verify pass
 stays short; where it is sure, the round drafts up to k_max. The length of a draft is the draft's own
 business, decided before the target is consulted, so the output law is untouched.
@@ -99,25 +100,25 @@ class DraftController:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def pass_cost(self, k: int) -> float:
-        """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
-        n = k * self.width + 1
-        if n not in self.target_costs:  # a tree wider than what was measured: the widest known, scaled
+    def verify_cost(self, n: int) -> float:
+        """Seconds for a verify pass over n tokens (more than were measured: the widest known, scaled)."""
+        if n not in self.target_costs:
             widest = max(self.target_costs)
             return self.target_costs[widest] * n / widest
         return self.target_costs[n]
 
+    def pass_cost(self, k: int) -> float:
+        """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
+        return self.verify_cost(k * self.width + 1)
+
     def chain_cost(self, k: int) -> float:
         """Seconds for a chain round of k drafts: k draft steps and a verify pass of k + 1 tokens."""
-        n = k + 1
-        widest = max(self.target_costs)
-        verify = self.target_costs[n] if n in self.target_costs else self.target_costs[widest] * n / widest
-        return k * self.draft_cost + verify
+        return k * self.draft_cost + self.verify_cost(k + 1)
 
     def acceptance_at(self, confidence: float) -> float:
         """The calibrated chance that a draft token drafted with this confidence is accepted (given the
         tokens before it were)."""
-        b = min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+        b = _bin(confidence)
         return self.bin_accepted[b] / (self.bin_accepted[b] + self.bin_rejected[b])
 
     def gate(self) -> DraftGate:
@@ -128,7 +129,7 @@ class DraftController:
         """Calibrate from a verified gated chain: its first n_drafted tokens were verified (a grammar may
         have cut the rest), n_accepted of them kept. Tokens after the first rejection say nothing."""
         for i, confidence in enumerate(gate.confidences[:min(n_drafted, n_accepted + 1)]):
-            b = min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+            b = _bin(confidence)
             self.bin_accepted[b] = BIN_DECAY * self.bin_accepted[b] + (i < n_accepted)
             self.bin_rejected[b] = BIN_DECAY * self.bin_rejected[b] + (i >= n_accepted)
 
@@ -172,6 +173,10 @@ class DraftController:
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
 
 
+def _bin(confidence: float) -> int:
+    return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+
+
 class DraftGate:
     """Decides, while a gated drafter drafts one chain, how far it goes. The drafter asks `keep(confidence)`
     of each token it has drawn (False ends the chain before it) and `go_on()` before it pays for the next
@@ -188,14 +193,11 @@ class DraftGate:
         self.survival = 1.0
         self.expected = 1.0  # tokens the round is expected to emit with the kept drafts (the target's one included)
 
-    def _verify(self, n: int) -> float:
-        return self.controller.chain_cost(n) - n * self.controller.draft_cost
-
     def keep(self, confidence: float) -> bool:
         c, n = self.controller, len(self.confidences)
         gain = self.survival * c.acceptance_at(confidence)
         spent = (n + 1) * c.draft_cost  # the steps so far, this token's included
-        if (self.expected + gain) / (spent + self._verify(n + 1)) <= self.expected / (spent + self._verify(n)):
+        if (self.expected + gain) / (spent + c.verify_cost(n + 2)) <= self.expected / (spent + c.verify_cost(n + 1)):
             return False
         self.confidences.append(confidence)
         self.survival = gain

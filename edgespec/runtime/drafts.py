@@ -54,7 +54,7 @@ def confidence(logits: np.ndarray) -> float:
     It must not depend on the token drawn there: keeping a draw for what it is would keep some tokens more
     often than the draft law says, and the rule, judging them by that law, would no longer be exact (a test
     checks this is caught). A function of the position's logits is a function of the tokens before it."""
-    logits = np.asarray(logits, dtype=np.float64)
+    logits = np.asarray(logits)  # float32 from a model: a bin of the calibration needs no more
     return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
