@@ -21,7 +21,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
-from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
@@ -180,6 +180,15 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
                         "ONNX export folders")
 
 
+LOOKUP_FIRST = "ngram+"  # "ngram+DRAFT": prompt lookup where the text repeats, DRAFT elsewhere
+
+
+def inner_draft(draft):
+    """The draft behind prompt lookup in a "ngram+DRAFT" spec; any other spec as it is."""
+    name = str(draft) if draft is not None else ""
+    return name[len(LOOKUP_FIRST):] if name.startswith(LOOKUP_FIRST) else draft
+
+
 def heads_kind(draft) -> str | None:
     """"medusa" or "eagle" for a heads file (by its name), else None."""
     name = str(draft) if draft is not None else ""
@@ -200,6 +209,7 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         from edgespec.models.default import default_target
 
         target = default_target()
+    draft = inner_draft(draft)  # prompt lookup in front of a draft needs no memory of its own
     kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
             else "heads" if heads_kind(draft) else "model")
     target_info = read_model_info(target)
@@ -229,6 +239,12 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
     heads = heads_kind(draft)
     if draft in (None, "none"):
         return None, None, 0.0
+    if inner_draft(draft) != draft:
+        if inner_draft(draft) in ("ngram", "none", ""):
+            raise EdgespecError(f"{draft!r}: after 'ngram+' name a draft model or heads file (ngram+draft.gguf)")
+        inner, backend, cost = open_drafter(inner_draft(draft), target, window=window, threads=threads,
+                                            provider=provider, **settings)
+        return LookupFirstDrafter(inner, target.vocab.n_vocab), backend, cost
     if str(draft) == "ngram":
         return PromptLookupDrafter(target.vocab.n_vocab), None, 0.0
     if heads == "eagle":
@@ -262,7 +278,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
         draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
             target's vocabulary (the two may be of different formats), or heads trained for this target
-            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets).
+            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets); "ngram+" before a model or
+            heads: prompt lookup where the text repeats itself, that draft elsewhere.
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
         threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
@@ -290,6 +307,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if tree_width > 1 and heads_kind(draft) is None:
         raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
                             "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
+    if tree_width > 1 and inner_draft(draft) != draft:
+        raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
+                            "of 1")
     plan = None
     settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}
     draft_settings = dict(settings)

@@ -48,7 +48,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
         raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
     totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "prefill": {"base": 0.0, "spec": 0.0},
                                   "drafted": 0, "accepted": 0, "draft_s": 0.0, "target_s": 0.0, "passes": 0,
-                                  "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0})
+                                  "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0,
+                                  "lookup_drafted": 0, "lookup_accepted": 0})
     modes = {"base": 0, "spec": draft_max}
     aware = getattr(engine.drafter, "grammar_aware", False)
     if aware and not grammar_drafts:
@@ -74,6 +75,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             t["passes"] += outputs["base"].stats.target_passes
             t["drafted"] += s.drafted
             t["accepted"] += s.accepted
+            t["lookup_drafted"] += s.lookup_drafted
+            t["lookup_accepted"] += s.lookup_accepted
             t["rounds_with_draft"] += sum(s.accept_counts.values())
             t["draft_lengths"].update(s.draft_lengths)
             t["same"] += outputs["spec"].tokens == outputs["base"].tokens
@@ -95,9 +98,13 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "speculative_prefill_ms": round(1000 * t["prefill"]["spec"] / t["n"], 1),
             "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
             "mean_accepted_length": round(t["accepted"] / t["rounds_with_draft"], 4) if t["rounds_with_draft"] else 0.0,
-            # seconds per drafted token over seconds per target-only step (catching up included)
-            "draft_step_cost": round(t["draft_s"] / t["drafted"] / (t["target_s"] / t["passes"]), 3)
-            if t["drafted"] and t["passes"] and t["target_s"] else 0.0,
+            # seconds per drafted token over seconds per target-only step (catching up included); tokens that
+            # prompt lookup drafted in front of a draft cost nothing and are not counted
+            "draft_step_cost": round(t["draft_s"] / paid / (t["target_s"] / t["passes"]), 3)
+            if (paid := t["drafted"] - t["lookup_drafted"]) and t["passes"] and t["target_s"] else 0.0,
+            "lookup_drafted": t["lookup_drafted"],
+            "lookup_acceptance_rate": round(t["lookup_accepted"] / t["lookup_drafted"], 4) if t["lookup_drafted"]
+            else 0.0,
             "draft_length_histogram": {str(k): v for k, v in sorted(t["draft_lengths"].items())},
             "identical_outputs": t["same"],
         }

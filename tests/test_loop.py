@@ -11,8 +11,8 @@ from test_verify import without_residual
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime import loop as loop_module
-from edgespec.runtime.cost import CONFIDENCE_BINS, DraftController, DraftGate
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
+from edgespec.runtime.drafts import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
 from edgespec.runtime.sampling import SamplingParams, sample
 
@@ -274,6 +274,78 @@ def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
     check_target_law(monkeypatch, target, ModelDrafter(FakeBackend(d_table), target.vocab), t_table,
                      SamplingParams(temperature=1.0), width=1, broken=True, n_tokens=3,
                      gate=lambda _: DraftGate(calibrated))
+
+
+class Sources(LookupFirstDrafter):
+    """A LookupFirstDrafter that counts the rounds each source drafted."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds = Counter()
+
+    def propose(self, context, k, params, rng, **options):
+        tokens, probs = super().propose(context, k, params, rng, **options)
+        self.rounds["lookup" if self.last_free else "inner"] += bool(tokens)
+        return tokens, probs
+
+
+@pytest.mark.parametrize("params, broken, gated", [(SamplingParams(temperature=1.0), False, False),
+                                                   (SamplingParams(temperature=0.7, top_k=4), False, True),
+                                                   (SamplingParams(temperature=1.0), True, False)])
+def test_lookup_in_front_of_a_draft_model_keeps_the_target_chain(monkeypatch, params, broken, gated):
+    """Four tokens from the loop drafting by prompt lookup where the text repeats and by a draft model elsewhere
+    (ungated, and gated: lookup rounds ignore the gate): their joint law is the target chain's; a wrong rule
+    is caught. Both sources drafted thousands of rounds."""
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    target = FakeBackend(t_table)
+    drafter = Sources(ModelDrafter(FakeBackend(d_table), target.vocab), V, min_ngram=1)
+    check_target_law(monkeypatch, target, drafter, t_table, params, broken=broken, width=1, n_tokens=4,
+                     gate=random_gates() if gated else None)
+    assert min(drafter.rounds.values()) > 2000, drafter.rounds
+
+
+def test_lookup_rounds_teach_the_controller_nothing_about_the_draft():
+    """The draft model is wrong after token 3 and lookup is right: lookup rounds are free and always accepted,
+    which must not make the draft model look cheap or good; its own rounds still count."""
+    wrong = {**CHAIN, 3: 1}
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table(wrong, V))
+    drafter = Sources(ModelDrafter(draft, target.vocab), V, min_ngram=2)
+    ctl = controller()
+    stats = Stats()
+    events = list(speculate(target, drafter, ctl, [1, 2], GREEDY, np.random.default_rng(0), max_tokens=30,
+                            draft_max=3, stats=stats))
+    assert tokens_of(events) == list(itertools.islice(itertools.cycle([3, 4, 5, 1, 2]), 30))
+    assert drafter.rounds["inner"] >= 1 and drafter.rounds["lookup"] >= 5  # the text repeats after 5 tokens
+    assert stats.lookup_drafted == 3 * drafter.rounds["lookup"] == stats.lookup_accepted  # lookup is always right
+    assert stats.drafted - stats.lookup_drafted == 3 * drafter.rounds["inner"]
+    # the draft model's rounds alone: 3 drafts, 2 or fewer accepted (it breaks at 3); the prior is Beta(1, 1)
+    inner_rounds = drafter.rounds["inner"]
+    assert ctl.rejected > 1 and ctl.accepted < 1 + 3 * inner_rounds
+    # the fake's near-zero times move the cost from its 0.01 prior by EMA per round: the draft model's rounds only
+    assert ctl.draft_cost > 0.01 * (1 - EMA) ** (inner_rounds + 1)
+    # the draft model did not read every round: it caught up only for the rounds it drafted
+    assert len([c for c in draft.calls if c[0] > 1]) <= inner_rounds + 1
+    # lookup's rounds taught lookup's controller, which shares the target's pass costs
+    lookup = drafter.lookup_controller
+    assert lookup.target_costs is ctl.target_costs and lookup.alpha > 0.8 and lookup.draft_cost < 0.01
+
+
+def test_lookup_drafts_where_the_draft_model_would_not_pay():
+    """A draft model far slower than the target is never asked (its controller chooses k = 0), but where the text
+    repeats, prompt lookup in front of it drafts by its own controller: free drafts, all accepted here."""
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table(CHAIN, V))
+    drafter = Sources(ModelDrafter(draft, target.vocab), V, min_ngram=2)
+    slow = DraftController({n: 1.0 for n in range(1, 17)}, draft_cost=100.0, k_max=4)
+    stats = Stats()
+    events = list(speculate(target, drafter, slow, [1, 2, 3, 4, 5, 1, 2], GREEDY, np.random.default_rng(0),
+                            max_tokens=40, stats=stats))
+    assert tokens_of(events) == list(itertools.islice(itertools.cycle([3, 4, 5, 1, 2]), 40))
+    assert drafter.rounds == {"lookup": drafter.rounds["lookup"]} and stats.lookup_drafted == stats.drafted > 20
+    assert stats.accepted == stats.drafted and max(stats.draft_lengths) == 4  # lookup's controller went to k_max
 
 
 def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():

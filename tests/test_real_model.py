@@ -28,20 +28,30 @@ def model_engine(default_gguf, q4_0_gguf):
     engine.close()
 
 
+@pytest.fixture(scope="session")
+def lookup_engine(default_gguf, q4_0_gguf):
+    engine = edgespec.load(default_gguf, f"ngram+{q4_0_gguf}", n_ctx=1024)
+    yield engine
+    engine.close()
+
+
 @pytest.mark.parametrize("draft_max", [None, 4])
-@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine"])
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "lookup_engine"])
 def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draft_max):
     engine = request.getfixturevalue(engine_name)
-    drafted = accepted = 0
+    drafted = accepted = looked_up = 0
     for prompt in PROMPTS[::4]:
         base = engine.generate(prompt, max_tokens=48, draft_max=0)
         spec = engine.generate(prompt, max_tokens=48, draft_max=draft_max)
         assert spec.tokens == base.tokens, prompt
         assert spec.text == base.text
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+        looked_up += spec.stats.lookup_drafted
         assert base.stats.drafted == 0 and base.stats.target_passes == base.stats.generated
     if draft_max:  # forced drafting really speculated, and the rule kept the target's output
         assert drafted > 0 and 0 < accepted <= drafted
+    if engine_name == "lookup_engine" and draft_max:  # both sources drafted (left to itself, the draft model
+        assert 0 < looked_up < drafted, (looked_up, drafted)  # does not pay on this target and rarely drafts)
 
 
 def first_tokens(engine, prompt, seeds, draft_max):
@@ -52,7 +62,7 @@ def first_tokens(engine, prompt, seeds, draft_max):
     return out
 
 
-@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine"])
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "lookup_engine"])
 def test_temperature_one_first_tokens_match_target_only(request, engine_name):
     """Two-sample test on the first two generated tokens over 300 seeds, target-only vs speculative."""
     engine = request.getfixturevalue(engine_name)
@@ -133,8 +143,17 @@ def test_draft_with_a_different_vocabulary_is_refused_by_name(tmp_path, default_
     assert data.count(pattern) == 1
     other = tmp_path / "other-vocab.gguf"
     other.write_bytes(data.replace(pattern, struct.pack("<Q", len(new)) + new))
-    with pytest.raises(EdgespecError, match="draft token 40000 is .*neoliberaX"):
-        edgespec.load(default_gguf, other)
+    for draft in (other, f"ngram+{other}"):  # behind prompt lookup too
+        with pytest.raises(EdgespecError, match="draft token 40000 is .*neoliberaX"):
+            edgespec.load(default_gguf, draft)
+
+
+@pytest.mark.parametrize("draft, options, message", [
+    ("ngram+ngram", {}, "after 'ngram\\+' name a draft"), ("ngram+", {}, "after 'ngram\\+' name a draft"),
+    ("ngram+t.eagle.npz", {"tree_width": 2}, "prompt lookup drafts chains")])
+def test_lookup_in_front_of_nothing_or_of_trees_is_refused(default_gguf, draft, options, message):
+    with pytest.raises(EdgespecError, match=message):
+        edgespec.load(default_gguf, draft, n_ctx=64, **options)
 
 
 def test_engine_survives_an_abandoned_stream(ngram_engine):

@@ -40,6 +40,8 @@ class Stats:
     accepted: int = 0
     target_passes: int = 0  # verify passes after the prefill
     tree_nodes: int = 0  # draft tokens verified in tree rounds (drafted counts their depth)
+    lookup_drafted: int = 0  # of drafted and accepted: those from prompt lookup in front of the drafter
+    lookup_accepted: int = 0
     accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
     draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
     prefill_s: float = 0.0  # the prompt through the target, and through a draft model if there is one
@@ -74,6 +76,8 @@ class Stats:
             "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
             "target_passes": self.target_passes,
             "tree_nodes": self.tree_nodes,
+            "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted,
             "prefill_time_s": round(self.prefill_s, 4),
             "draft_time_s": round(self.draft_s, 4),
             "target_time_s": round(self.target_s, 4),
@@ -158,6 +162,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 k = controller.choose() if draft_max is None else draft_max
                 if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
                     k = controller.k_max
+                if hasattr(drafter, "lookup_length"):  # prompt lookup in front of the drafter
+                    k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
                 k = min(k, room - 1, max_tokens - stats.generated - 1)
 
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
@@ -185,12 +191,17 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             stats.draft_s += t1 - t0
             stats.target_s += t2 - t1
             stats.draft_lengths[k_round] += 1
+            looked_up = k_round and getattr(drafter, "last_free", False)  # prompt lookup in front of the drafter
             if k_round:
                 stats.drafted += k_round
                 stats.accepted += n_acc
                 stats.accept_counts[n_acc] += 1
-            if drafter is not None:
-                controller.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
+                if looked_up:
+                    stats.lookup_drafted += k_round
+                    stats.lookup_accepted += n_acc
+            if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
+                learner = drafter.lookup_controller if looked_up else controller
+                learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
                 if k == 0 and getattr(drafter, "free", False):
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
