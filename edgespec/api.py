@@ -28,7 +28,7 @@ from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.text import render_chat
 
-DEFAULT_DRAFT = "ngram"  # best draft for the default model today; trained drafts come later
+DEFAULT_DRAFT = "ngram"  # best draft for the default model measured so far; the shipped head ("eagle") did not beat it
 MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
 CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
@@ -189,9 +189,20 @@ def inner_draft(draft):
     return name[len(LOOKUP_FIRST):] if name.startswith(LOOKUP_FIRST) else draft
 
 
+def resolve_draft(draft):
+    """A draft spec with a shipped draft's name ("eagle", also after "ngram+") replaced by its file."""
+    from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
+
+    inner = inner_draft(draft)
+    if not isinstance(inner, str) or inner not in SHIPPED_DRAFTS:
+        return draft
+    path = shipped_draft(inner)
+    return f"{LOOKUP_FIRST}{path}" if inner != draft else path
+
+
 def heads_kind(draft) -> str | None:
-    """"medusa" or "eagle" for a heads file (by its name), else None."""
-    name = str(draft) if draft is not None else ""
+    """"medusa" or "eagle" for a heads file (by its name, or a shipped draft's name), else None."""
+    name = str(resolve_draft(draft)) if draft is not None else ""
     return "medusa" if name.endswith(HEADS_SUFFIX) else "eagle" if name.endswith(EAGLE_SUFFIX) else None
 
 
@@ -209,7 +220,7 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         from edgespec.models.default import default_target
 
         target = default_target()
-    draft = inner_draft(draft)  # prompt lookup in front of a draft needs no memory of its own
+    draft = inner_draft(resolve_draft(draft))  # prompt lookup in front of a draft needs no memory of its own
     kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
             else "heads" if heads_kind(draft) else "model")
     target_info = read_model_info(target)
@@ -236,6 +247,7 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
     from edgespec.runtime.drafts import MAX_DRAFT
     from edgespec.runtime.planner import DRAFT_WINDOWS
 
+    draft = resolve_draft(draft)
     heads = heads_kind(draft)
     if draft in (None, "none"):
         return None, None, 0.0
@@ -278,8 +290,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
         draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
             target's vocabulary (the two may be of different formats), or heads trained for this target
-            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets); "ngram+" before a model or
-            heads: prompt lookup where the text repeats itself, that draft elsewhere.
+            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets); "eagle": the EAGLE head
+            that ships for the default model; "ngram+" before a model or heads: prompt lookup where the text
+            repeats itself, that draft elsewhere.
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
         threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
@@ -300,6 +313,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         from edgespec.models.default import default_target
 
         target = default_target()
+    draft = resolve_draft(draft)
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:

