@@ -45,7 +45,7 @@ def acceptance_by_order(engine, prompts: list[dict], max_tokens: int) -> dict[in
             r = rows[order]
             r["rounds"] += 1
             r["accepted"] += accepted
-            judged = min(len(guess), accepted + 1)  # depths up to the first rejection
+            judged = min(len(guess), accepted + 1, len(text) - i)  # depths up to the first rejection, in the text
             r["judged"][:judged] += 1
             r["kept"][:accepted] += 1
     return {order: {"rounds": r["rounds"], "mean_accepted": r["accepted"] / r["rounds"],
