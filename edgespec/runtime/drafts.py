@@ -192,9 +192,7 @@ class PromptLookupDrafter:
 
     def propose(self, context, k, params, rng):
         tokens = lookup(np.asarray(context), k, self.max_ngram, self.min_ngram)
-        probs = np.zeros((len(tokens), self.n_vocab))  # [len, V], one-hot rows
-        probs[np.arange(len(tokens)), tokens] = 1.0
-        return tokens, probs
+        return tokens, one_hot(tokens, self.n_vocab)
 
 
 class LookupFirstDrafter:
@@ -245,9 +243,7 @@ class LookupFirstDrafter:
         tokens = self._lookup(context, k)
         self.last_free = bool(tokens)
         if tokens:
-            probs = np.zeros((len(tokens), self.n_vocab))  # [len, V], one-hot rows
-            probs[np.arange(len(tokens)), tokens] = 1.0
-            return tokens, probs
+            return tokens, one_hot(tokens, self.n_vocab)
         return self.inner.propose(context, k, params, rng, **options)
 
     def reset(self) -> None:
@@ -259,6 +255,13 @@ class LookupFirstDrafter:
     def observe_target(self, target, n_accepted: int, position: int) -> None:
         if hasattr(self.inner, "observe_target"):
             self.inner.observe_target(target, n_accepted, position)
+
+
+def one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
+    """The law of a deterministic guess: one-hot rows [len, V]."""
+    probs = np.zeros((len(tokens), n_vocab))
+    probs[np.arange(len(tokens)), tokens] = 1.0
+    return probs
 
 
 def lookup(context: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[int]:
