@@ -345,6 +345,16 @@ def answering_options(f):
                              "the target only scores them [default: the target answers]")(f)
 
 
+def corpus_options(f):
+    """--temperature and --also-corpus: what a corpus's answers are, and which finished corpora train beside it."""
+    f = click.option("--also-corpus", "also_corpora", multiple=True, type=click.Path(exists=True, file_okay=False),
+                     help="A finished corpus of the same target to train on too (repeatable; e.g. its sampled "
+                          "answers beside its greedy ones)")(f)
+    return click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                        help="Sample the corpus's answers at this temperature (prompt i seeded with --seed + i); "
+                             "0 = the target's greedy answers")(f)
+
+
 @main.command()
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
               help="The target that answers the prompts (GGUF or ONNX) [default: the default model]")
@@ -358,6 +368,7 @@ def answering_options(f):
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers are kept (resumable) [default: beside --out]")
 @answering_options
+@corpus_options
 @click.option("--layers", type=click.IntRange(1), default=4, show_default=True, help="Draft layers")
 @click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
@@ -367,8 +378,8 @@ def answering_options(f):
               help="Also export the draft to ONNX (fp32) in this folder")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, layers, epochs,
-            max_tokens, quant, onnx_out, seed, as_json):
+def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
+            also_corpora, layers, epochs, max_tokens, quant, onnx_out, seed, as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -386,8 +397,8 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     elif only_prompts:
         raise click.UsageError("--only-prompts needs --prompts FILE")
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
-                  max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, seed=seed, progress=not as_json,
-                  answerer=answerer, answer_draft=answer_draft)
+                  max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
+                  progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora))
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -416,13 +427,16 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers and states are kept (resumable; shared with distill)")
 @answering_options
+@corpus_options
+@click.option("--corpus-only", is_flag=True, help="Build (or finish) the corpus and stop, training nothing")
 @click.option("--epochs", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
               help="Learning rate [default: 3e-3 medusa, 1e-3 eagle]")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds sampled answers and training")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, answerer, answer_draft, epochs, lr,
-                    max_tokens, as_json):
+def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, answerer, answer_draft, temperature,
+                    also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):
     """Train draft heads on the target's own answers and hidden states (no second model to run).
 
     Use them as the draft: edgespec chat --target T.gguf --draft HEADS.medusa.npz
@@ -435,9 +449,15 @@ def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, ans
     extra = {"steps": steps} if kind == "eagle" else {}
     summary = train_heads(target, out, kind=kind, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs,
                           lr=lr or (1e-3 if kind == "eagle" else 3e-3), max_tokens=max_tokens,
-                          progress=not as_json, answerer=answerer, answer_draft=answer_draft, **extra)
+                          temperature=temperature, seed=seed, progress=not as_json, answerer=answerer,
+                          answer_draft=answer_draft, also_corpora=list(also_corpora), corpus_only=corpus_only,
+                          **extra)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
+        return
+    if corpus_only:
+        click.echo(f"corpus: {summary['corpus']} ({summary['corpus_positions']} positions, answered by "
+                   f"{summary['answered_by']}; {summary['corpus_seconds']:.0f} s)")
         return
     last = summary["training"]["epochs"][-1]
     per = "draft step" if kind == "eagle" else "head"

@@ -298,23 +298,36 @@ class Sequence:
 
 
 def holdout_split(seqs: list, holdout: float, rng: np.random.Generator) -> tuple[list, list]:
-    """(held-out, training) sequences: the first `holdout` share of a permutation drawn from rng (at least one
-    held out when there are two or more). Every trainer splits this way, so a benchmark given a trainer's seed
-    knows which prompts its draft never saw."""
-    order = rng.permutation(len(seqs))
-    n_held = max(1, int(len(seqs) * holdout)) if len(seqs) > 1 else 0
-    return [seqs[i] for i in order[:n_held]], [seqs[i] for i in order[n_held:]]
+    """(held-out, training) sequences, split by prompt: the prompts (in order of first appearance) are permuted
+    by rng and the first `holdout` share of them held out (at least one when there are two or more), with every
+    answer to them, so answers from several corpora to one prompt never straddle the split. Every trainer splits
+    this way, so a benchmark given a trainer's seed knows which prompts its draft never saw; for one corpus of
+    distinct prompts it is a permutation of its sequences."""
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(seqs):
+        groups.setdefault(tuple(s.tokens[:s.n_prompt]), []).append(i)
+    prompts = list(groups.values())
+    order = rng.permutation(len(prompts))
+    n_held = max(1, int(len(prompts) * holdout)) if len(prompts) > 1 else 0
+    held = [seqs[i] for g in order[:n_held] for i in prompts[g]]
+    return held, [seqs[i] for g in order[n_held:] for i in prompts[g]]
 
 
-def read_corpus(folder: str | os.PathLike) -> tuple[dict, list[Sequence]]:
-    """The manifest and every sequence of a complete corpus."""
-    folder = Path(folder)
+def complete_manifest(folder: Path) -> dict:
+    """The manifest of a finished corpus; a clear error for a folder that is not one, or not finished."""
     path = folder / MANIFEST
     if not path.is_file():
         raise EdgespecError(f"{folder} is not a corpus (no {MANIFEST}): build one with edgespec distill/train-heads")
     manifest = json.loads(path.read_text())
     if not manifest.get("complete"):
         raise EdgespecError(f"the corpus in {folder} is incomplete: run the same command again to finish it")
+    return manifest
+
+
+def read_corpus(folder: str | os.PathLike) -> tuple[dict, list[Sequence]]:
+    """The manifest and every sequence of a complete corpus."""
+    folder = Path(folder)
+    manifest = complete_manifest(folder)
     seqs = []
     for name in manifest["shards"]:
         z = np.load(folder / name)
@@ -328,3 +341,29 @@ def read_corpus(folder: str | os.PathLike) -> tuple[dict, list[Sequence]]:
                                  z["hidden"][pos:pos + n] if "hidden" in z else None))
             pos += n
     return manifest, seqs
+
+
+def check_also(main: str | os.PathLike, also: list[str | os.PathLike]) -> None:
+    """Before building `main`: the corpora to train beside it exist, are finished and are not `main` itself."""
+    for folder in also:
+        if Path(folder).resolve() == Path(main).resolve():
+            raise EdgespecError(f"{folder} is the training corpus itself: give another corpus")
+        complete_manifest(Path(folder))
+
+
+def read_corpora(main: str | os.PathLike, also: list[str | os.PathLike]) -> list[Sequence]:
+    """Every sequence of the corpus `main` and of the corpora `also` (for instance the target's sampled answers
+    beside its greedy ones), which must be complete and scored by the same target file with the same records;
+    another target's logits or states would teach a draft the wrong model."""
+    manifest, seqs = read_corpus(main)
+    want = manifest["settings"]
+    for folder in also:
+        other, more = read_corpus(folder)
+        got = other["settings"]
+        for key, what in (("target_size", "another target file scored it"), ("top_k", "it keeps another top-K"),
+                          ("hidden", "it differs in keeping hidden states")):
+            if got.get(key) != want.get(key):
+                raise EdgespecError(f"{folder} cannot train beside {main}: {what} ({key} {got.get(key)} against "
+                                    f"{want.get(key)})")
+        seqs += more
+    return seqs

@@ -185,13 +185,14 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
             epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
             answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
-            **train_kwargs) -> dict:
+            also_corpora: list[str | os.PathLike] = (), **train_kwargs) -> dict:
     """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary.
 
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
-    answering model speculates with (see build_corpus)."""
+    answering model speculates with (see build_corpus); also_corpora: finished corpora of the same target
+    trained on beside `corpus`."""
     from edgespec.export import export_source
-    from edgespec.models.corpus import build_corpus, read_corpus
+    from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
 
     out = Path(out)
@@ -207,13 +208,14 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
                             "the draft), not a GGUF")
     prompts = prompts if prompts is not None else read_train_prompts()
     corpus = Path(corpus) if corpus else out.with_name(out.stem + ".corpus")
+    check_also(corpus, also_corpora)
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
                             hidden=Path(target).suffix.lower() == ".gguf", progress=progress, answerer=answerer,
                             answer_draft=answer_draft)
     corpus_s = time.perf_counter() - t0
-    _, seqs = read_corpus(corpus)
+    seqs = read_corpora(corpus, also_corpora)
     t0 = time.perf_counter()
     model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
                           **train_kwargs)
@@ -223,6 +225,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
                "answered_by": manifest["settings"].get("answerer") or "target",
                "corpus_positions": manifest["positions"], "corpus_seconds": round(corpus_s, 1),
+               "also_corpora": [str(c) for c in also_corpora], "train_positions": sum(len(s.lse) for s in seqs),
                "train_seconds": round(train_s, 1), "training": report, "export": exported}
     if onnx_out:
         summary["onnx"] = export_source(Source("hf", checkpoint, str(checkpoint)), "onnx", "fp32", onnx_out,

@@ -97,16 +97,20 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
 
 def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kind: str = "medusa",
                 corpus: str | os.PathLike | None = None, prompts: list[dict] | None = None, n_heads: int = 4,
-                epochs: int = 2, max_tokens: int = 160, seed: int = 0, progress: bool = True,
-                answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
-            **train_kwargs) -> dict:
+                epochs: int = 2, max_tokens: int = 160, temperature: float = 0.0, seed: int = 0,
+                progress: bool = True, answerer: str | os.PathLike | None = None,
+                answer_draft: str | os.PathLike | None = None, also_corpora: list[str | os.PathLike] = (),
+                corpus_only: bool = False, **train_kwargs) -> dict:
     """Corpus (with hidden states) from a GGUF target, then Medusa heads or an EAGLE head: `edgespec train-heads`.
 
     kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle).
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
-    answering model speculates with (see build_corpus).
+    answering model speculates with (see build_corpus). temperature: the corpus's answers are sampled (prompt i
+    seeded with seed + i) rather than greedy; seed also seeds training. also_corpora: finished corpora of the
+    same target trained on beside `corpus` (for instance its sampled answers beside its greedy ones).
+    corpus_only: build the corpus and stop (the summary has no heads).
     """
-    from edgespec.models.corpus import build_corpus, read_corpus
+    from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.distill import read_train_prompts
     from edgespec.runtime.eagle import EAGLE_SUFFIX
     from edgespec.runtime.heads import HEADS_SUFFIX, output_matrix, save_heads
@@ -125,12 +129,17 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     if not out.name.endswith(suffix):
         raise EdgespecError(f"name the {kind} heads file *{suffix}, e.g. {out.name.split('.')[0]}{suffix}")
     corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
+    check_also(corpus, also_corpora)
     t0 = time.perf_counter()
     manifest = build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus,
-                            max_tokens=max_tokens, hidden=True, seed=seed, progress=progress, answerer=answerer,
-                            answer_draft=answer_draft)
+                            max_tokens=max_tokens, temperature=temperature, hidden=True, seed=seed, progress=progress,
+                            answerer=answerer, answer_draft=answer_draft)
     corpus_s = time.perf_counter() - t0
-    _, seqs = read_corpus(corpus)
+    summary = {"corpus": str(corpus), "answered_by": manifest["settings"].get("answerer") or "target",
+               "corpus_positions": manifest["positions"], "corpus_seconds": round(corpus_s, 1)}
+    if corpus_only:
+        return summary
+    seqs = read_corpora(corpus, also_corpora)
     backend = LlamaBackend(target, n_ctx=16)  # the vocabulary digest the heads are checked against at load
     meta = {"kind": kind, "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}
     backend.close()
@@ -143,7 +152,6 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
         weight, bias, report = train_medusa(seqs, output_matrix(target), n_heads=n_heads, epochs=epochs, seed=seed,
                                             progress=progress, **train_kwargs)
         save_heads(out, weight, bias, {**meta, "training": report})
-    return {"heads": str(out), "kind": kind, "bytes": out.stat().st_size, "corpus": str(corpus),
-            "answered_by": manifest["settings"].get("answerer") or "target", "corpus_positions": manifest["positions"],
-            "corpus_seconds": round(corpus_s, 1), "train_seconds": round(time.perf_counter() - t0, 1),
-            "training": report}
+    return {"heads": str(out), "kind": kind, "bytes": out.stat().st_size, **summary,
+            "also_corpora": [str(c) for c in also_corpora], "train_positions": sum(len(s.lse) for s in seqs),
+            "train_seconds": round(time.perf_counter() - t0, 1), "training": report}
