@@ -174,10 +174,13 @@ def test_answering_many_at_once_gives_each_prompt_its_single_generation(default_
             assert ended == (result.stats.finish_reason == "stop")
             continue
         # streams share the cache's cells, so attention sums in another order: a near-tie may flip, nothing more
-        at = next(j for j, (a, b) in enumerate(zip(answer, result.tokens, strict=False)) if a != b)
+        at = next((j for j, (a, b) in enumerate(zip(answer, result.tokens, strict=False)) if a != b),
+                  min(len(answer), len(result.tokens)))  # one a prefix of the other: there one of them ended
         engine.target.rollback(0)
         row = engine.target.forward(prompt + answer[:at], 1)[0]
-        assert row.max() - row[answer[at]] < 0.1, f"{text!r}: token {at} is not a near-tie"
+        picked = row[answer[at]] if at < len(answer) else max(row[t] for t in backend.vocab.eog_ids)
+        assert ended or at < len(answer)
+        assert row.max() - picked < 0.1, f"{text!r}: token {at} is not a near-tie"
     assert same >= 2  # measured here: 3 of 5 identical, two flip near-ties (gaps 0.02, 0.05)
     assert backend.tokens == []
     engine.target.rollback(0)
