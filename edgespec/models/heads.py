@@ -129,6 +129,8 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     if not out.name.endswith(suffix):
         raise EdgespecError(f"name the {kind} heads file *{suffix}, e.g. {out.name.split('.')[0]}{suffix}")
     corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
+    if corpus_only and also_corpora:
+        raise EdgespecError("--also-corpus trains beside the corpus, and --corpus-only trains nothing: give one")
     check_also(corpus, also_corpora)
     t0 = time.perf_counter()
     manifest = build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus,
