@@ -160,17 +160,15 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
                kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False) -> Backend:
     """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
 
-    kv_type, n_ubatch, n_gpu_layers and hidden (return hidden states too, for draft heads) apply to
-    llama.cpp; provider to onnxruntime.
+    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider to onnxruntime; hidden (return hidden
+    states too, for draft heads) to both.
     """
     path = Path(path)
-    if hidden and (path.is_dir() or path.suffix.lower() == ".onnx"):
-        raise EdgespecError("hidden states (what draft heads and their training read) come from GGUF targets "
-                            "(llama.cpp); use a GGUF target")
     if path.is_dir() or path.suffix.lower() == ".onnx":
         from edgespec.runtime.onnx_backend import OnnxBackend
 
-        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider)
+        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider,
+                           hidden=hidden)
     if path.suffix.lower() == ".gguf" or not path.suffix:
         from edgespec.runtime.llama_backend import LlamaBackend
 
@@ -290,7 +288,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
         draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
             target's vocabulary (the two may be of different formats), or heads trained for this target
-            (*.medusa.npz or *.eagle.npz from edgespec train-heads; GGUF targets); "eagle": the EAGLE head
+            (*.medusa.npz or *.eagle.npz from edgespec train-heads); "eagle": the EAGLE head
             that ships for the default model; "ngram+" before a model or heads: prompt lookup where the text
             repeats itself, that draft elsewhere.
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
@@ -300,7 +298,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             budget ("6GiB"), and load with the plan's settings; a pair that cannot fit is refused before any
             weights load. profiles: a TOML file of extra device profiles.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
-        hidden: the target also returns its hidden states (GGUF; on by itself for a heads draft).
+        hidden: the target also returns its hidden states (on by itself for a heads draft).
         tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
             targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
@@ -321,6 +319,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if tree_width > 1 and heads_kind(draft) is None:
         raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
                             "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
+    if tree_width > 1 and (Path(target).is_dir() or Path(target).suffix.lower() == ".onnx"):
+        raise EdgespecError(f"{target}: draft trees are verified in one pass by llama.cpp (GGUF targets); heads on an "
+                            "ONNX target draft chains (tree width 1)")
     if tree_width > 1 and inner_draft(draft) != draft:
         raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
                             "of 1")

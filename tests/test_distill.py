@@ -272,10 +272,13 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     target = tmp_path / "target.gguf"
     export(str(tiny_checkpoint), "gguf", "f32", target, progress=False, parity=False)
     prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(16)]
+    # sampled answers (distill --temperature/--seed): the corpus records both and trains all the same
     summary = distill(target, tmp_path / "draft.gguf", source=tiny_checkpoint, prompts=prompts, n_layers=1,
-                      epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25)
+                      epochs=3, max_tokens=24, temperature=1.0, seed=3, progress=False, lr=3e-3, holdout=0.25)
     training = summary["training"]
     assert summary["answered_by"] == "target" and summary["corpus_positions"] > 0
+    settings = json.loads((tmp_path / "draft.corpus" / "corpus.json").read_text())["settings"]
+    assert (settings["temperature"], settings["seed"]) == (1.0, 3)
     assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
     assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
     assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")

@@ -66,7 +66,7 @@ def backend(request, tiny):
     if request.param == "io-binding":
         import onnxruntime
 
-        tiny._cache = onnx_backend.DeviceCache(onnxruntime, tiny._session, tiny._graph, "cpu")
+        tiny._cache = onnx_backend.DeviceCache(onnxruntime, tiny._session, tiny._graph, ("logits",), "cpu")
     return tiny
 
 
@@ -106,6 +106,50 @@ def test_only_the_rows_asked_for_come_back(tiny):
         with pytest.raises(ValueError):
             tiny.forward(ids[:n_tokens], n_logits)
     assert tiny.tokens == ids
+
+
+@pytest.mark.parametrize("cache", ["host", "io-binding"])
+def test_hidden_states_are_what_the_output_layer_reads(tiny_onnx, cache, monkeypatch):
+    """The export's last_hidden_state output, through either cache and across prefill chunks: the rows that
+    come back with logits are the states whose product with the output layer is those logits."""
+    monkeypatch.setattr(onnx_backend, "PREFILL_CHUNK", 7)
+    backend = OnnxBackend(tiny_onnx, n_ctx=256, hidden=True)
+    if cache == "io-binding":
+        import onnxruntime
+
+        backend._cache = onnx_backend.DeviceCache(onnxruntime, backend._session, backend._graph,
+                                                  ("logits", onnx_backend.HIDDEN_OUTPUT), "cpu")
+    output = onnx_backend.output_matrix(tiny_onnx)  # [V, E]
+    assert output.shape == (backend.vocab.n_vocab, backend.n_embd) == (49152, 64)
+    ids = token_ids(backend, 30)
+    backend.forward(ids[:12], 0)
+    assert backend.last_hidden is None  # no rows asked for, none kept
+    logits = backend.forward(ids[12:], 10)  # the 10 rows span a chunk boundary
+    assert backend.last_hidden.shape == (10, 64)
+    np.testing.assert_allclose(backend.last_hidden @ output.T, logits, atol=1e-3)
+    plain = OnnxBackend(tiny_onnx, n_ctx=256)  # without hidden: the same logits, no states
+    np.testing.assert_allclose(plain.forward(ids, 10), logits, atol=1e-4)
+    assert getattr(plain, "last_hidden", None) is None
+    backend.close()
+    plain.close()
+
+
+def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_path):
+    """Exports written before edgespec added the output still run, but not with heads: one clear error."""
+    import shutil
+
+    import onnx
+
+    old = tmp_path / "old-export"
+    shutil.copytree(tiny_onnx, old)
+    proto = onnx.load(str(old / "model.onnx"))
+    kept = [o for o in proto.graph.output if o.name != onnx_backend.HIDDEN_OUTPUT]
+    del proto.graph.output[:]
+    proto.graph.output.extend(kept)
+    onnx.save_model(proto, str(old / "model.onnx"))
+    assert OnnxBackend(old, n_ctx=64).forward([1, 2, 3], 1).shape == (1, 49152)
+    with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
+        OnnxBackend(old, n_ctx=64, hidden=True)
 
 
 def test_context_overflow_is_an_error_that_keeps_the_cache(tiny_onnx):
@@ -339,3 +383,55 @@ def test_real_onnx_greedy_speculation_equals_target_only(real_onnx, smollm2_onnx
     assert drafted > 0
     if draft_backend:
         draft_backend.close()
+
+
+@pytest.mark.slow
+def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_onnx, smollm2_onnx,
+                                                                           smollm2_f32_gguf):
+    """The EAGLE head that ships (trained on llama.cpp's hidden states) on the ONNX export of the same checkpoint:
+    the export's hidden states and output layer equal the f32 GGUF's, and greedy output equals target-only."""
+    from edgespec.api import load
+    from edgespec.runtime.heads import output_matrix
+
+    gguf = LlamaBackend(smollm2_f32_gguf, n_ctx=256, hidden=True)
+    onnx = OnnxBackend(smollm2_onnx, n_ctx=256, hidden=True)
+    ids = gguf.tokenize("The capital of France is Paris, and the capital of Italy is", special=True)
+    for ours, theirs in [(onnx.forward(ids, 4), gguf.forward(ids, 4)), (onnx.last_hidden, gguf.last_hidden)]:
+        # two runtimes sum in different orders: measured 0.025 on logits of 29, 0.013 on states of 21
+        assert np.abs(ours - theirs).max() < 2e-3 * np.abs(theirs).max()
+    np.testing.assert_allclose(output_matrix(smollm2_onnx), output_matrix(smollm2_f32_gguf), atol=1e-6)
+    gguf.close()
+    onnx.close()
+    engine = load(smollm2_onnx, "eagle", n_ctx=1024)
+    drafted = accepted = 0
+    for prompt in [row["prompt"] for row in read_prompts(None)][1::5]:
+        base = engine.generate(prompt, max_tokens=32, draft_max=0)
+        spec = engine.generate(prompt, max_tokens=32, draft_max=3)
+        assert spec.tokens == base.tokens, prompt
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert drafted > 0 and accepted / drafted > 0.3  # the head reads real states here (an untrained one: ~0)
+    engine.close()
+    with pytest.raises(EdgespecError, match="draft trees are verified in one pass by llama.cpp"):
+        load(smollm2_onnx, "eagle", tree_width=2)
+
+
+@pytest.mark.slow
+def test_temperature_one_with_the_eagle_head_on_onnx_matches_target_only(smollm2_onnx):
+    """The first two tokens over 300 seeds, target-only vs speculative with the shipped EAGLE head."""
+    from edgespec.api import load
+
+    engine = load(smollm2_onnx, "eagle", n_ctx=256)
+    drafted = []
+
+    def first_tokens(seeds, draft_max):
+        results = [engine.generate("Name a colour.", max_tokens=2, temperature=1.0, seed=seed, draft_max=draft_max)
+                   for seed in seeds]
+        drafted.append(sum(r.stats.drafted for r in results))
+        return [tuple(r.tokens) for r in results]
+
+    base, spec = first_tokens(range(300), 0), first_tokens(range(1000, 1300), 2)
+    assert drafted[0] == 0 and drafted[1] > 100  # the second token goes through the rule
+    assert two_sample([t[0] for t in base], [t[0] for t in spec]) > ALPHA
+    assert two_sample(base, spec) > ALPHA
+    assert len(set(base)) > 3
+    engine.close()

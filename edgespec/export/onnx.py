@@ -27,7 +27,7 @@ from edgespec.export.files import count_params, ensure_disk
 from edgespec.export.hf import HFModel, read_config
 from edgespec.export.parity import BackendModel, check, run_parity, write_report
 from edgespec.models.source import Source
-from edgespec.runtime.onnx_backend import OnnxBackend
+from edgespec.runtime.onnx_backend import HIDDEN_OUTPUT, OnnxBackend
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 MODEL_FILE = "model.onnx"
@@ -101,6 +101,7 @@ def build(src: Path, tmp: Path, quant: str, say) -> Path:
     raw = tmp / "fp32"
     say("exporting to ONNX ...")
     export_fp32(src, raw)
+    add_hidden_output(raw / MODEL_FILE, read_config(src)["hidden_size"])
     complete_side_files(src, raw)
     if quant == "fp32":
         folder = raw
@@ -126,6 +127,27 @@ def export_fp32(src: Path, folder: Path) -> None:
                               local_files_only=True, do_validation=False)  # our parity check is the validation
     except (ValueError, KeyError) as e:  # how optimum says the architecture or task is not supported
         raise EdgespecError(f"optimum cannot export {src} to ONNX: {e}") from e
+
+
+def add_hidden_output(model: Path, n_embd: int) -> None:
+    """Make the graph also return the final normed hidden state, what its output layer reads and draft heads
+    (Medusa, EAGLE) read too: an Identity of the output MatMul's input, as output HIDDEN_OUTPUT [batch, T, E].
+    Added before quantization, which keeps graph outputs (fp16 keeps their float32 type)."""
+    onnx = _require("onnx")
+    proto = onnx.load(str(model), load_external_data=False)  # external weights stay where they are
+    graph = proto.graph
+    producer = {name: node for node in graph.node for name in node.output}
+    head = producer.get("logits")
+    if head is None or head.op_type != "MatMul":
+        found = head.op_type if head is not None else "no node"
+        raise EdgespecError(f"{model}: the logits come from {found}, not the output layer's MatMul: edgespec cannot "
+                            "find the hidden state draft heads read")
+    logits = next(o for o in graph.output if o.name == "logits")
+    batch, length = (d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim[:2])
+    graph.node.append(onnx.helper.make_node("Identity", [head.input[0]], [HIDDEN_OUTPUT], name="/edgespec/hidden"))
+    graph.output.append(onnx.helper.make_tensor_value_info(HIDDEN_OUTPUT, logits.type.tensor_type.elem_type,
+                                                           [batch, length, n_embd]))
+    onnx.save_model(proto, str(model))
 
 
 def complete_side_files(src: Path, folder: Path) -> None:

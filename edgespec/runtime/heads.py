@@ -27,7 +27,8 @@ HEADS_SUFFIX = ".medusa.npz"
 
 
 def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32) -> np.ndarray:
-    """The target's output layer [V, E] from its GGUF (tied embeddings: token_embd). Rows the file stores as
+    """The target's output layer [V, E] from its GGUF (tied embeddings: token_embd), or from an ONNX export folder
+    (onnx_backend.output_matrix). Rows the file stores as
     float32 or f16 come back as a view of the file (no copy); quantized rows are dequantized a block of rows
     at a time into a `quantized_as` array. The tensor is found from the streamed header: GGUFReader builds
     the whole vocabulary first, which here took the EAGLE drafter's load from a 76 MB to a 180 MB peak."""
@@ -36,6 +37,10 @@ def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32)
 
     from edgespec.runtime.model_info import read_gguf_header
 
+    if Path(gguf_path).is_dir():
+        from edgespec.runtime import onnx_backend
+
+        return onnx_backend.output_matrix(Path(gguf_path))
     _, tensors = read_gguf_header(Path(gguf_path))
     tensors = {t.name: t for t in tensors if t.name in ("output.weight", "token_embd.weight")}
     tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")

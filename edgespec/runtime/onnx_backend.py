@@ -1,7 +1,8 @@
 """ONNX decoder-with-past folders through onnxruntime (the only runtime module importing onnxruntime and tokenizers).
 
 A folder is what `edgespec export --to onnx` writes: model.onnx (inputs input_ids, attention_mask, position_ids,
-past_key_values.{layer}.{key|value}; outputs logits and present.{layer}.{key|value}), its external data if any,
+past_key_values.{layer}.{key|value}; outputs logits, last_hidden_state (the final normed hidden state the output
+layer reads, which draft heads read too) and present.{layer}.{key|value}), its external data if any,
 tokenizer.json, config.json and generation_config.json. The graph returns logits for every new position, so a
 prompt runs in chunks of PREFILL_CHUNK tokens and each chunk's logits are cut to the rows asked for at once. The
 KV cache is the present.* outputs fed back as the next past; rollback slices them along the sequence axis. On a
@@ -27,6 +28,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
 
 MODEL_FILE = "model.onnx"
+HIDDEN_OUTPUT = "last_hidden_state"  # [batch, T, E]: added by edgespec's export (export/onnx.add_hidden_output)
 PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
 # a 512-token prompt through SmolLM2-135M fp32 (2 CPU threads) takes 0.82-0.85 s in chunks of 128, 0.81 s of 256,
 # 0.95-1.0 s of 64
@@ -131,6 +133,7 @@ class Graph:
     head_dim: int
     kv_dtype: type
     n_vocab: int  # the width of the logits
+    has_hidden: bool  # the graph returns HIDDEN_OUTPUT
 
 
 def read_graph(session, path: Path, config: dict) -> Graph:
@@ -156,22 +159,25 @@ def read_graph(session, path: Path, config: dict) -> Graph:
     return Graph(inputs={name: NUMPY_TYPES.get(inputs[name].type, np.int64) for name in FEED_INPUTS & set(inputs)},
                  past=past, present=present, kv_heads=kv_heads, head_dim=head_dim,
                  kv_dtype=NUMPY_TYPES.get(inputs[past[0]].type, np.float32),
-                 n_vocab=width if isinstance(width, int) else config["vocab_size"])
+                 n_vocab=width if isinstance(width, int) else config["vocab_size"],
+                 has_hidden=HIDDEN_OUTPUT in outputs)
 
 
 class HostCache:
     """The past as numpy arrays: the present.* outputs of one run are the past_key_values.* of the next."""
 
-    def __init__(self, session, graph: Graph):
-        self._session, self._graph = session, graph
+    def __init__(self, session, graph: Graph, outputs: tuple[str, ...]):
+        """outputs: what run returns, logits first (and HIDDEN_OUTPUT where hidden states are asked for)."""
+        self._session, self._graph, self._outputs = session, graph, outputs
         empty = np.zeros((1, graph.kv_heads, 0, graph.head_dim), graph.kv_dtype)  # [1, kv_heads, 0, head_dim]
         self.past = dict.fromkeys(graph.past, empty)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """Run the session on feeds plus the past; keep the presents; return logits [1, T, V]."""
-        logits, *presents = self._session.run(["logits", *self._graph.present], {**feeds, **self.past})
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the session on feeds plus the past; keep the presents; return the outputs, logits [1, T, V] first."""
+        results = self._session.run([*self._outputs, *self._graph.present], {**feeds, **self.past})
+        presents = results[len(self._outputs):]
         self.past = dict(zip(self._graph.past, presents, strict=True))  # [1, kv_heads, past + T, head_dim]
-        return logits
+        return results[:len(self._outputs)]
 
     def truncate(self, n_past: int) -> None:
         # views; onnxruntime copies a strided input to a contiguous one on the next run
@@ -182,12 +188,13 @@ class DeviceCache:
     """The past as OrtValues in device memory ("cuda"), bound with IO binding, so the cache does not cross the
     bus each step; only the logits come back to the host. The tests run it with device "cpu" (no GPU there)."""
 
-    def __init__(self, ort, session, graph: Graph, device: str = "cuda"):
+    def __init__(self, ort, session, graph: Graph, outputs: tuple[str, ...], device: str = "cuda"):
         self._ort, self._session, self._graph, self._device = ort, session, graph, device
+        self._outputs = outputs
         empty = np.zeros((1, graph.kv_heads, 0, graph.head_dim), graph.kv_dtype)  # [1, kv_heads, 0, head_dim]
         self.past = dict.fromkeys(graph.past, empty)  # host arrays until the first run
 
-    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         binding = self._session.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
@@ -196,13 +203,14 @@ class DeviceCache:
                 binding.bind_cpu_input(name, value)
             else:
                 binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits")  # in host memory: the caller keeps only a few rows of it
+        for name in self._outputs:
+            binding.bind_output(name)  # in host memory: the caller keeps only a few rows of them
         for name in self._graph.present:
             binding.bind_output(name, self._device, 0)
         self._session.run_with_iobinding(binding)
-        logits, *presents = binding.get_outputs()
-        self.past = dict(zip(self._graph.past, presents, strict=True))
-        return logits.numpy()  # [1, T, V]
+        results = binding.get_outputs()
+        self.past = dict(zip(self._graph.past, results[len(self._outputs):], strict=True))
+        return [value.numpy() for value in results[:len(self._outputs)]]  # logits [1, T, V] first
 
     def truncate(self, n_past: int) -> None:
         # an OrtValue cannot be sliced in place, and [:, :, :n] of [1, H, S, D] is not one contiguous block:
@@ -218,7 +226,9 @@ class OnnxBackend:
     """An exported ONNX decoder and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 provider: str = "cpu"):
+                 provider: str = "cpu", hidden: bool = False):
+        """hidden: forward also keeps the final hidden state of every row it returns logits for (last_hidden),
+        for draft heads; the export must have the output (edgespec export writes it)."""
         folder = check_onnx_folder(folder)
         ort = _require("onnxruntime")
         self.name, self.path = folder.name, folder
@@ -228,30 +238,43 @@ class OnnxBackend:
         self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)
+        if hidden and not self._graph.has_hidden:
+            raise EdgespecError(f"{folder / MODEL_FILE} does not return hidden states, which draft heads read: export "
+                                "it again with this version of edgespec (edgespec export --to onnx)")
+        self.hidden = hidden
+        self.n_embd = int(config.get("hidden_size", 0))
+        self.last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, if hidden
         self._tokenizer, self.vocab = read_vocab(folder, config, self._graph.n_vocab)
         max_positions = config.get("max_position_embeddings")
         self.n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
         self.tokens: list[int] = []
         on_gpu = self.provider in DEVICE_MEMORY
-        self._cache = DeviceCache(ort, self._session, self._graph) if on_gpu else HostCache(self._session, self._graph)
+        outputs = ("logits", HIDDEN_OUTPUT) if hidden else ("logits",)
+        self._cache = (DeviceCache(ort, self._session, self._graph, outputs) if on_gpu
+                       else HostCache(self._session, self._graph, outputs))
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)
         out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        hidden = np.empty((n_logits, self.n_embd), dtype=np.float32) if self.hidden and n_logits else None
         first_out = n - n_logits  # index in `tokens` of the first position whose logits are returned
         for start in range(0, n, PREFILL_CHUNK):
             chunk = list(tokens[start:start + PREFILL_CHUNK])
-            logits = self._run(chunk)[0]  # [T, V]
+            results = self._run(chunk)  # logits [1, T, V] (and hidden states [1, T, E])
             skip = min(max(first_out - start, 0), len(chunk))  # rows of this chunk before the ones asked for
+            rows = slice(start + skip - first_out, start + len(chunk) - first_out)
             if skip < len(chunk):
-                out[start + skip - first_out:start + len(chunk) - first_out] = logits[skip:]
-            del logits  # the all-positions buffer goes now, not at the next chunk
+                out[rows] = results[0][0, skip:]
+                if hidden is not None:
+                    hidden[rows] = results[1][0, skip:]
+            del results  # the all-positions buffer goes now, not at the next chunk
             self.tokens.extend(chunk)
+        self.last_hidden = hidden
         return out
 
-    def _run(self, chunk: list[int]) -> np.ndarray:
-        """Append one chunk to the cache; logits [1, T, V] for its positions."""
+    def _run(self, chunk: list[int]) -> list[np.ndarray]:
+        """Append one chunk to the cache; logits [1, T, V] for its positions (and hidden states [1, T, E])."""
         n_past, n = len(self.tokens), len(self.tokens) + len(chunk)
         arrays = {"input_ids": np.array([chunk]),  # [1, T]
                   "attention_mask": np.ones((1, n)),  # [1, n_past + T]
@@ -298,6 +321,39 @@ class OnnxBackend:
     def close(self) -> None:
         """Release the session and the cache; the backend is unusable afterwards."""
         self._session = self._cache = None
+
+
+def output_matrix(folder: Path) -> np.ndarray:
+    """An export's output layer [V, E] (float32 or float16), for draft heads: the weight the logits MatMul reads,
+    an initializer [E, V] or the Transpose of one [V, E] (tied embeddings, as optimum exports them); where the
+    output layer is quantized (int4), the token embeddings of a model that ties the two (they stay float)."""
+    onnx = _require("onnx")
+    from onnx import numpy_helper
+
+    folder = check_onnx_folder(folder)
+    graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
+    weights = {t.name: t for t in graph.initializer
+               if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and len(t.dims) == 2}
+    producer = {name: node for node in graph.node for name in node.output}
+
+    def read(name: str) -> np.ndarray:
+        return numpy_helper.to_array(weights[name], base_dir=str(folder))
+
+    head = producer.get("logits")
+    if head is not None and head.op_type == "MatMul":
+        weight = head.input[1]
+        if weight in weights:
+            return np.ascontiguousarray(read(weight).T)
+        source = producer.get(weight)
+        if source is not None and source.op_type == "Transpose" and source.input[0] in weights:
+            return read(source.input[0])
+    if read_json(folder / "config.json").get("tie_word_embeddings"):
+        table = next((node.input[0] for node in graph.node if node.op_type == "Gather" and node.input[0] in weights),
+                     None)
+        if table is not None:
+            return read(table)
+    raise EdgespecError(f"{folder / MODEL_FILE}: draft heads read the output layer, which this export keeps "
+                        "quantized; use an fp32 or fp16 export (or an int4 one of a model with tied embeddings)")
 
 
 def weight_files(folder: Path) -> list[Path]:
