@@ -119,10 +119,7 @@ def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gg
         spec = trees.generate(prompt, max_tokens=24, draft_max=2)
         assert spec.tokens == engine.generate(prompt, max_tokens=24, draft_max=0).tokens
         assert spec.stats.tree_nodes > spec.stats.drafted > 0
-    trees.close()
-    (tmp_path / "an-onnx-export").mkdir()
-    with pytest.raises(EdgespecError, match="use a GGUF target"):
-        load(tmp_path / "an-onnx-export", path)
+    trees.close()  # heads on ONNX targets: tests/test_onnx_backend.py
 
 
 def test_heads_are_planned_with_their_copy_of_the_output_layer(default_gguf, tmp_path):
