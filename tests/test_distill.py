@@ -272,13 +272,10 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     target = tmp_path / "target.gguf"
     export(str(tiny_checkpoint), "gguf", "f32", target, progress=False, parity=False)
     prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(16)]
-    # sampled answers (distill --temperature/--seed): the corpus records both and trains all the same
     summary = distill(target, tmp_path / "draft.gguf", source=tiny_checkpoint, prompts=prompts, n_layers=1,
-                      epochs=3, max_tokens=24, temperature=1.0, seed=3, progress=False, lr=3e-3, holdout=0.25)
+                      epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25)
     training = summary["training"]
     assert summary["answered_by"] == "target" and summary["corpus_positions"] > 0
-    settings = json.loads((tmp_path / "draft.corpus" / "corpus.json").read_text())["settings"]
-    assert (settings["temperature"], settings["seed"]) == (1.0, 3)
     assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
     assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
     assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")
@@ -286,3 +283,26 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     base = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=0)
     spec = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=3)
     assert spec.tokens == base.tokens and spec.stats.drafted > 0
+
+
+@pytest.mark.slow
+def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
+    """distill --temperature/--seed: the corpus records both, its answers are not the greedy ones, and a draft
+    trains on it."""
+    from edgespec.export import export
+    from edgespec.models.corpus import read_corpus
+    from edgespec.models.distill import distill
+
+    target = tmp_path / "target.gguf"
+    export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
+    prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(4)]
+    common = {"source": soft_checkpoint, "prompts": prompts, "n_layers": 1, "epochs": 1, "max_tokens": 12,
+              "progress": False, "holdout": 0.25}
+    sampled = distill(target, tmp_path / "s.gguf", temperature=1.0, seed=3, **common)
+    settings = json.loads((tmp_path / "s.corpus" / "corpus.json").read_text())["settings"]
+    assert (settings["temperature"], settings["seed"]) == (1.0, 3)
+    assert sampled["train_positions"] > 0 and (tmp_path / "s.gguf").is_file()
+    greedy = distill(target, tmp_path / "g.gguf", **common)
+    answers = [[s.tokens[s.n_prompt:].tolist() for s in read_corpus(tmp_path / f"{name}.corpus")[1]]
+               for name in ("s", "g")]
+    assert answers[0] != answers[1] and greedy["train_positions"] > 0

@@ -132,10 +132,13 @@ def export_fp32(src: Path, folder: Path) -> None:
 def add_hidden_output(model: Path, n_embd: int) -> None:
     """Make the graph also return the final normed hidden state, what its output layer reads and draft heads
     (Medusa, EAGLE) read too: an Identity of the output MatMul's input, as output HIDDEN_OUTPUT [batch, T, E].
-    Added before quantization, which keeps graph outputs (fp16 keeps their float32 type)."""
+    Added before quantization, which keeps graph outputs (fp16 keeps their float32 type); a graph that has it
+    already is left as it is."""
     onnx = _require("onnx")
     proto = onnx.load(str(model), load_external_data=False)  # external weights stay where they are
     graph = proto.graph
+    if any(o.name == HIDDEN_OUTPUT for o in graph.output):
+        return
     producer = {name: node for node in graph.node for name in node.output}
     head = producer.get("logits")
     if head is None or head.op_type != "MatMul":
