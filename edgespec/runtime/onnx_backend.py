@@ -323,6 +323,23 @@ class OnnxBackend:
         self._session = self._cache = None
 
 
+def export_facts(folder: str | os.PathLike) -> dict:
+    """What the graph and tokenizer of an export say, without a session: hidden (it returns HIDDEN_OUTPUT),
+    n_embd, vocab_digest (as OnnxBackend's Vocab would have it)."""
+    onnx = _require("onnx")
+    folder = check_onnx_folder(folder)
+    try:
+        graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
+    except Exception as e:  # onnx raises DecodeError and others for files that are no model
+        raise EdgespecError(f"{folder / MODEL_FILE} is not an ONNX model onnx can read: {e}") from None
+    config = read_json(folder / "config.json")
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    width = logits.type.tensor_type.shape.dim[-1].dim_value if logits is not None else 0
+    _, vocab = read_vocab(folder, config, width or config.get("vocab_size", 0))
+    return {"hidden": any(o.name == HIDDEN_OUTPUT for o in graph.output), "n_embd": int(config.get("hidden_size", 0)),
+            "vocab_digest": vocab.digest}
+
+
 def output_matrix(folder: Path) -> np.ndarray:
     """An export's output layer [V, E] (float32 or float16), for draft heads: the weight the logits MatMul reads,
     an initializer [E, V] or the Transpose of one [V, E] (tied embeddings, as optimum exports them); where the
