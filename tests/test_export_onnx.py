@@ -198,3 +198,23 @@ def test_smollm2_quantized_export_passes_parity(smollm2_checkpoint, smollm2_fp32
     result = export_onnx(smollm2_checkpoint, tmp_path / quant, quant, progress=False)
     assert result["parity"]["passed"], result["parity"]["failures"]
     assert result["weight_bytes"] < max_size * smollm2_fp32["weight_bytes"]
+
+
+@pytest.mark.parametrize("quant", ONNX_QUANTS)
+def test_every_quantization_returns_hidden_states_and_heads_read_its_output_layer(tiny_exports, quant):
+    """The hidden-state output survives each quantizer. Heads read the output layer from float weights: fp32 and
+    fp16 keep them, int4 keeps the tied embedding table float (the tiny model ties them), int8 quantizes both
+    and is refused for heads with a clear error."""
+    from edgespec.runtime.onnx_backend import output_matrix
+
+    folder = tiny_exports[quant]["path"]
+    backend = OnnxBackend(folder, n_ctx=64, hidden=True)
+    logits = backend.forward([1, 2, 3, 4, 5], 3)
+    assert backend.last_hidden.shape == (3, 64)
+    if quant == "int8":
+        with pytest.raises(EdgespecError, match="keeps quantized; use an fp32 or fp16 export"):
+            output_matrix(folder)
+    else:
+        output = output_matrix(folder).astype(np.float32)  # [V, E]
+        np.testing.assert_allclose(backend.last_hidden @ output.T, logits, atol=1e-3 * np.abs(logits).max())
+    backend.close()
