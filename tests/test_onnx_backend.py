@@ -165,6 +165,12 @@ def test_the_default_draft_is_prompt_lookup_where_the_shipped_head_does_not_fit(
     engine = load(tiny_onnx, n_ctx=64)
     assert engine.drafter.name == "ngram" and not engine.target.hidden
     engine.close()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.onnx").write_bytes(b"not a model")
+    assert auto_draft(broken) == "ngram"  # the target's own load says what is wrong
+    with pytest.raises(EdgespecError, match="is not an ONNX model onnx can read"):
+        onnx_backend.output_matrix(broken)
 
 
 def test_context_overflow_is_an_error_that_keeps_the_cache(tiny_onnx):

@@ -27,7 +27,7 @@ from edgespec.export.files import count_params, ensure_disk
 from edgespec.export.hf import HFModel, read_config
 from edgespec.export.parity import BackendModel, check, run_parity, write_report
 from edgespec.models.source import Source
-from edgespec.runtime.onnx_backend import HIDDEN_OUTPUT, OnnxBackend
+from edgespec.runtime.onnx_backend import HIDDEN_OUTPUT, OnnxBackend, logits_matmul
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 MODEL_FILE = "model.onnx"
@@ -139,12 +139,10 @@ def add_hidden_output(model: Path, n_embd: int) -> None:
     graph = proto.graph
     if any(o.name == HIDDEN_OUTPUT for o in graph.output):
         return
-    producer = {name: node for node in graph.node for name in node.output}
-    head = producer.get("logits")
-    if head is None or head.op_type != "MatMul":
-        found = head.op_type if head is not None else "no node"
-        raise EdgespecError(f"{model}: the logits come from {found}, not the output layer's MatMul: edgespec cannot "
-                            "find the hidden state draft heads read")
+    head = logits_matmul(graph)
+    if head is None:
+        raise EdgespecError(f"{model}: the logits do not come from the output layer's MatMul: edgespec cannot find "
+                            "the hidden state draft heads read")
     logits = next(o for o in graph.output if o.name == "logits")
     batch, length = (d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim[:2])
     graph.node.append(onnx.helper.make_node("Identity", [head.input[0]], [HIDDEN_OUTPUT], name="/edgespec/hidden"))

@@ -323,15 +323,27 @@ class OnnxBackend:
         self._session = self._cache = None
 
 
+def load_graph(model: Path):
+    """The graph of a model file, its external weights left on disk; a clear error for a file that is no model."""
+    onnx = _require("onnx")
+    try:
+        return onnx.load(str(model), load_external_data=False).graph
+    except Exception as e:  # onnx raises DecodeError and others for files that are no model
+        raise EdgespecError(f"{model} is not an ONNX model onnx can read: {e}") from None
+
+
+def logits_matmul(graph):
+    """The node that computes the logits when it is the output layer's MatMul (its input 0 is the final normed
+    hidden state, input 1 the output weight), else None."""
+    head = next((node for node in graph.node if "logits" in node.output), None)
+    return head if head is not None and head.op_type == "MatMul" else None
+
+
 def export_facts(folder: str | os.PathLike) -> dict:
     """What the graph and tokenizer of an export say, without a session: hidden (it returns HIDDEN_OUTPUT),
     n_embd, vocab_digest (as OnnxBackend's Vocab would have it)."""
-    onnx = _require("onnx")
     folder = check_onnx_folder(folder)
-    try:
-        graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
-    except Exception as e:  # onnx raises DecodeError and others for files that are no model
-        raise EdgespecError(f"{folder / MODEL_FILE} is not an ONNX model onnx can read: {e}") from None
+    graph = load_graph(folder / MODEL_FILE)
     config = read_json(folder / "config.json")
     logits = next((o for o in graph.output if o.name == "logits"), None)
     width = logits.type.tensor_type.shape.dim[-1].dim_value if logits is not None else 0
@@ -348,7 +360,7 @@ def output_matrix(folder: Path) -> np.ndarray:
     from onnx import numpy_helper
 
     folder = check_onnx_folder(folder)
-    graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False).graph
+    graph = load_graph(folder / MODEL_FILE)
     weights = {t.name: t for t in graph.initializer
                if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and len(t.dims) == 2}
     producer = {name: node for node in graph.node for name in node.output}
@@ -356,8 +368,8 @@ def output_matrix(folder: Path) -> np.ndarray:
     def read(name: str) -> np.ndarray:
         return numpy_helper.to_array(weights[name], base_dir=str(folder))
 
-    head = producer.get("logits")
-    if head is not None and head.op_type == "MatMul":
+    head = logits_matmul(graph)
+    if head is not None:
         weight = head.input[1]
         if weight in weights:
             return np.ascontiguousarray(read(weight).T)
