@@ -257,6 +257,10 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         rows = rows.get("output.weight") or rows.get("token_embd.weight")
         heads_bytes = eagle_bytes(draft, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096,
                                   rows_quantized=rows not in ("F32", "F16"))
+    elif heads_kind(draft) == "medusa":
+        from edgespec.runtime.heads import medusa_bytes
+
+        heads_bytes = medusa_bytes(draft, target_info.n_vocab, target_info.n_embd)
     draft_info = read_model_info(draft) if kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)

@@ -39,10 +39,10 @@ class HiddenFake(FakeBackend):
         self.last_hidden = self.last_hidden[list(path)]
 
 
-def heads_file(tmp_path, target, n_heads=3, seed=0):
+def heads_file(tmp_path, target, n_heads=3, seed=0, subset=None):
     rng = np.random.default_rng(seed)
     return save_heads(tmp_path / "t.medusa.npz", rng.normal(scale=0.5, size=(n_heads, V, V)),
-                      rng.normal(size=(n_heads, V)), {"vocab_digest": target.vocab.digest, "n_embd": V})
+                      rng.normal(size=(n_heads, V)), {"vocab_digest": target.vocab.digest, "n_embd": V}, subset=subset)
 
 
 T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
@@ -67,6 +67,30 @@ def test_medusa_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, wi
     assert drafted > 6000 * (2 if width > 1 else 1 / 2 if gated else 1)
 
 
+SUBSET = np.array([1, 2, 4])  # EOS (0) and token 3 are never drafted
+
+
+@pytest.mark.parametrize("params, width, broken", [(T1, 1, False), (T08, 2, False), (T1, 1, True), (T1, 2, True)])
+def test_heads_over_a_token_subset_keep_the_target_law(tmp_path, monkeypatch, params, width, broken):
+    """Heads that draft from a subset of the vocabulary (the output layer's rows for those tokens): every
+    drafted token is in the subset, its law puts no mass elsewhere, and the loop's output law is still the
+    target chain's, where token 3, which the target often samples, can only come from the target."""
+    rng = np.random.default_rng(11)
+    table = random_table(rng, V, 1.5)
+    table[:, EOS] = -1e9
+    target = HiddenFake(table)
+    drafter = MedusaDrafter(heads_file(tmp_path, target, subset=SUBSET), target, output=np.eye(V))
+    assert drafter.output.shape == (len(SUBSET), V) and drafter.n_vocab == V
+    drafter.feature = rng.normal(size=V).astype(np.float32)
+    tree = drafter.propose_tree([], 3, width, params, rng)
+    assert set(tree.tokens) <= set(SUBSET.tolist()) and len(tree.tokens) == 3 * width
+    assert tree.probs.shape[1] == V and np.all(tree.probs[:, [0, 3]] == 0)
+    sums = tree.probs.sum(axis=1)  # one law per depth, over the subset
+    assert np.isclose(sums, 1.0).sum() == 3 and np.all(np.isclose(sums, 1.0) | (sums == 0))
+    drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4)
+    assert drafted > 6000 * (2 if width > 1 else 1)
+
+
 def test_heads_state_is_a_residual_block():
     rng = np.random.default_rng(0)
     h, w, b = rng.normal(size=4), rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4))
@@ -78,8 +102,15 @@ def test_heads_state_is_a_residual_block():
 def test_heads_files_are_checked(tmp_path):
     target = HiddenFake(random_table(np.random.default_rng(0), V))
     path = heads_file(tmp_path, target)
-    weight, bias, meta = load_heads(path)
-    assert weight.shape == (3, V, V) and bias.shape == (3, V) and meta["n_embd"] == V
+    weight, bias, meta, subset = load_heads(path)
+    assert weight.shape == (3, V, V) and bias.shape == (3, V) and meta["n_embd"] == V and subset is None
+    np.testing.assert_array_equal(load_heads(heads_file(tmp_path, target, subset=SUBSET))[3], SUBSET)
+    for bad in ([2, 1, 4], [1, 1, 4], [-1, 2]):  # unsorted, repeated, negative
+        with pytest.raises(EdgespecError, match="malformed token subset"):
+            load_heads(save_heads(tmp_path / "s.medusa.npz", weight, bias, meta, subset=np.array(bad)))
+    with pytest.raises(EdgespecError, match="token ids up to 7"):
+        MedusaDrafter(save_heads(tmp_path / "s.medusa.npz", weight, bias, meta, subset=np.array([1, 7])), target,
+                      output=np.eye(V))
     other = save_heads(tmp_path / "o.medusa.npz", weight, bias, {"vocab_digest": "0" * 16, "n_embd": V})
     with pytest.raises(EdgespecError, match="trained for another target"):
         MedusaDrafter(other, target, output=np.eye(V))
@@ -97,19 +128,22 @@ def test_heads_files_are_checked(tmp_path):
 def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gguf, default_corpus, tmp_path):
     from edgespec.api import load
     from edgespec.models.corpus import read_corpus
+    from edgespec.models.eagle import answer_subset
     from edgespec.models.heads import train_medusa
     from edgespec.runtime.heads import output_matrix
     from edgespec.runtime.llama_backend import LlamaBackend
 
     _, seqs = read_corpus(default_corpus)
-    weight, bias, report = train_medusa(seqs, output_matrix(default_gguf), n_heads=2, epochs=3, lr=3e-3,
+    output = output_matrix(default_gguf)
+    subset = answer_subset(seqs, output.shape[0])
+    weight, bias, report = train_medusa(seqs, output, subset=subset, n_heads=2, epochs=3, lr=3e-3,
                                         holdout=0.34, progress=False)
-    assert report["epochs"][-1]["loss"] < report["epochs"][0]["loss"]
+    assert report["epochs"][-1]["loss"] < report["epochs"][0]["loss"] and report["subset"] == 8192
     backend = LlamaBackend(default_gguf, n_ctx=16)
     path = save_heads(tmp_path / "d.medusa.npz", weight, bias,
-                      {"vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd})
+                      {"vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}, subset=subset)
     engine = load(default_gguf, path, n_ctx=512)
-    assert engine.drafter.name == "medusa:d.medusa.npz"
+    assert engine.drafter.name == "medusa:d.medusa.npz" and engine.drafter.output.shape == (8192, 576)
     for prompt in ("Say hello.", "Name three colors."):
         base = engine.generate(prompt, max_tokens=24, draft_max=0)
         spec = engine.generate(prompt, max_tokens=24, draft_max=2)
@@ -122,14 +156,17 @@ def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gg
     trees.close()  # heads on ONNX targets: tests/test_onnx_backend.py
 
 
-def test_heads_are_planned_with_their_copy_of_the_output_layer(default_gguf, tmp_path):
+def test_heads_are_planned_with_their_rows_of_the_output_layer(default_gguf, tmp_path):
     from edgespec.api import plan_for
 
     backend = HiddenFake(random_table(np.random.default_rng(0), V))
     heads = heads_file(tmp_path, backend)
     ngram = plan_for(default_gguf, "ngram", device="rpi5-8gb")
     planned = plan_for(default_gguf, heads, device="rpi5-8gb")
-    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == 49152 * 576 * 4
+    weights = 4 * (3 * V * V + 3 * V)  # the heads' own float32 weights
+    assert planned.drafter == "heads" and planned.runtime - ngram.runtime == 49152 * 576 * 4 + weights
+    subset = plan_for(default_gguf, heads_file(tmp_path, backend, subset=np.arange(8192)), device="rpi5-8gb")
+    assert subset.runtime - ngram.runtime == 8192 * 576 * 4 + weights  # only the subset's rows
 
 
 def test_the_output_layer_is_read_from_the_header_in_blocks_or_as_a_view(default_gguf, tmp_path):

@@ -70,6 +70,20 @@ def vocab_subset(seqs: list[Sequence], n_vocab: int, size: int, always: list[int
     return np.sort(np.argsort(-mass)[:size])
 
 
+def answer_subset(seqs: list[Sequence], n_vocab: int, size: int = SUBSET_SIZE) -> np.ndarray:
+    """The token ids heads draft from: the most probable on the corpus, the answers' last tokens (end of
+    generation among them) always in."""
+    always = sorted({int(s.tokens[-1]) for s in seqs})
+    return vocab_subset(seqs, n_vocab, min(size, n_vocab), always)
+
+
+def subset_positions(subset: np.ndarray, n_vocab: int) -> np.ndarray:
+    """[V]: each token's index in the subset, -1 for tokens outside it."""
+    index = np.full(n_vocab, -1, np.int64)
+    index[subset] = np.arange(len(subset))
+    return index
+
+
 def _torch_head(torch, weights: dict[str, np.ndarray], meta: dict):
     nn, F = torch.nn, torch.nn.functional
 
@@ -199,9 +213,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
-    subset_index = np.full(embeddings.shape[0] + 1, -1, np.int64)
-    subset_index[subset] = np.arange(len(subset))
-    subset_index = subset_index[:-1]
+    subset_index = subset_positions(subset, embeddings.shape[0])
     head = _torch_head(torch, weights, meta)
     output = torch.from_numpy(np.ascontiguousarray(embeddings[subset]))  # [S, E], frozen
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
@@ -280,8 +292,7 @@ def fit_eagle(target: str | os.PathLike, seqs: list[Sequence], out: str | os.Pat
 
     embeddings = output_matrix(target)
     weights, shape = initial_weights(target, layer)
-    always = sorted({int(s.tokens[-1]) for s in seqs})  # answers' last tokens: end-of-generation among them
-    subset = vocab_subset(seqs, embeddings.shape[0], min(subset_size, embeddings.shape[0]), always)
+    subset = answer_subset(seqs, embeddings.shape[0], subset_size)
     trained, report = train_eagle(seqs, embeddings, weights, shape, subset=subset, **train_kwargs)
     save_eagle(out, trained, subset, {**meta, **shape, "training": report})
     return report

@@ -3,7 +3,10 @@
 Head i learns, from the target's state at position t, the target's distribution at position t + i (which
 predicts token t + i + 1): the cross-entropy to the target's exact top-K probabilities there, through the
 target's own output layer, kept frozen. The residual blocks start at zero, so before training every head
-repeats the target's next-token prediction. See runtime/heads.py for how they draft.
+repeats the target's next-token prediction. Like an EAGLE head, the heads draw from a subset of the
+vocabulary (the corpus's most probable tokens, models.eagle.answer_subset): they are trained over those
+rows of the output layer, the target's mass outside them counting as loss nobody can win. See
+runtime/heads.py for how they draft.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ def head_pairs(seqs: list[Sequence], n_heads: int) -> list[tuple[int, int, int]]
             if j + i < len(seq.lse)]
 
 
-def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, epochs: int = 2, lr: float = 1e-3,
-                 batch: int = 256, holdout: float = 0.1, seed: int = 0, progress: bool = True):
-    """Heads (weight [H, E, E], bias [H, E]) and a report with per-head held-out top-1 agreement."""
+def train_medusa(seqs: list[Sequence], output: np.ndarray, *, subset: np.ndarray | None = None, n_heads: int = 4,
+                 epochs: int = 2, lr: float = 1e-3, batch: int = 256, holdout: float = 0.1, seed: int = 0,
+                 progress: bool = True):
+    """Heads (weight [H, E, E], bias [H, E]) and a report with per-head held-out top-1 agreement.
+
+    output: the target's output layer [V, E]; subset: the token ids the heads draft from (None: all)."""
     from edgespec.models.distill import _torch
+    from edgespec.models.eagle import subset_positions
 
     torch, _ = _torch()
     if any(s.hidden is None for s in seqs):
@@ -38,7 +45,10 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
     n_embd = seqs[0].hidden.shape[1]
-    out = torch.from_numpy(output)  # [V, E], frozen
+    n_vocab = output.shape[0]
+    subset = np.arange(n_vocab) if subset is None else subset
+    index = subset_positions(subset, n_vocab)  # token id -> output row, -1 outside the subset
+    out = torch.from_numpy(np.ascontiguousarray(output[subset], dtype=np.float32))  # [S, E], frozen
     weight = torch.zeros((n_heads, n_embd, n_embd), requires_grad=True)
     bias = torch.zeros((n_heads, n_embd), requires_grad=True)
     optimizer = torch.optim.AdamW([weight, bias], lr=lr, weight_decay=0.0)
@@ -52,12 +62,13 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
         for i in range(n_heads):
             rows = heads == i
             pre[rows] = h[rows] @ weight[i].T + bias[i]
-        logq = torch.log_softmax((h + torch.nn.functional.silu(pre)) @ out.T, dim=-1)  # [N, V]
-        ids = torch.from_numpy(np.stack([group[s].topk_ids[j + i] for s, j, i in pairs]).astype(np.int64))
+        logq = torch.log_softmax((h + torch.nn.functional.silu(pre)) @ out.T, dim=-1)  # [N, S]
+        ids = torch.from_numpy(index[np.stack([group[s].topk_ids[j + i] for s, j, i in pairs])])  # rows, -1 outside
         p = torch.from_numpy(np.exp(np.stack([group[s].topk_logits[j + i] - group[s].lse[j + i]
                                               for s, j, i in pairs])))
-        loss = -(p * logq.gather(1, ids)).sum(dim=1).mean()
-        agree = (logq.argmax(dim=1) == ids[:, 0]).numpy()
+        inside = ids >= 0
+        loss = -(p * torch.where(inside, logq.gather(1, ids.clamp(min=0)), 0)).sum(dim=1).mean()
+        agree = (logq.argmax(dim=1) == ids[:, 0]).numpy()  # never where the target's top-1 is outside
         return loss, agree, i_idx
 
     def evaluate():
@@ -70,7 +81,8 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, n_heads: int = 4, 
                 np.add.at(counts, heads - 1, 1)
         return [round(float(h / c), 4) if c else None for h, c in zip(hits, counts, strict=True)]
 
-    report = {"heads": n_heads, "train_sequences": len(train_seqs), "held_out_sequences": len(held),
+    report = {"heads": n_heads, "subset": len(subset), "train_sequences": len(train_seqs),
+              "held_out_sequences": len(held),
               "initial_agreement": evaluate(), "epochs": []}
     say(progress, f"{n_heads} Medusa heads; held-out top-1 agreement per head before training: "
                    f"{report['initial_agreement']}")
@@ -151,9 +163,13 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
 
         report = fit_eagle(target, seqs, out, meta, epochs=epochs, seed=seed, progress=progress, **train_kwargs)
     else:
-        weight, bias, report = train_medusa(seqs, output_matrix(target), n_heads=n_heads, epochs=epochs, seed=seed,
+        from edgespec.models.eagle import answer_subset
+
+        output = output_matrix(target)
+        subset = answer_subset(seqs, output.shape[0])
+        weight, bias, report = train_medusa(seqs, output, subset=subset, n_heads=n_heads, epochs=epochs, seed=seed,
                                             progress=progress, **train_kwargs)
-        save_heads(out, weight, bias, {**meta, "training": report})
+        save_heads(out, weight, bias, {**meta, "training": report}, subset=subset)
     return {"heads": str(out), "kind": kind, "bytes": out.stat().st_size, **summary,
             "also_corpora": [str(c) for c in also_corpora], "train_positions": sum(len(s.lse) for s in seqs),
             "train_seconds": round(time.perf_counter() - t0, 1), "training": report}

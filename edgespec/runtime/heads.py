@@ -9,8 +9,12 @@ distribution it was drawn from, and verification stays exact.
 
 The state comes from the loop: after each verify pass it hands the drafter the target's hidden row
 that produced the committed token (`observe_target`). Before the first pass there is none, and the
-first round drafts nothing. A heads file is .npz: weight [H, E, E], bias [H, E] and a JSON `meta` with
-the target's vocabulary digest and width, checked at load.
+first round drafts nothing. A heads file is .npz: weight [H, E, E], bias [H, E], a JSON `meta` with
+the target's vocabulary digest and width, checked at load, and (files trained since) `subset`: the token
+ids the heads draft from, as an EAGLE head's. The heads' laws then cover those rows of the output layer
+only (8192 of SmolLM2's 49,152: a sixth of the product, which read the full layer at 0.6-0.9 of an f32
+target step), and put no mass elsewhere; the rule stays exact for any draft law. Files without a subset
+draft over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -68,16 +72,20 @@ def one_blas_thread() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
-def save_heads(path: str | os.PathLike, weight: np.ndarray, bias: np.ndarray, meta: dict) -> Path:
+def save_heads(path: str | os.PathLike, weight: np.ndarray, bias: np.ndarray, meta: dict,
+               subset: np.ndarray | None = None) -> Path:
+    """Write a heads file (f16 weights) through a temporary name; subset: the token ids the heads draft from."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial.npz")
+    extra = {} if subset is None else {"subset": np.asarray(subset, dtype=np.int32)}
     np.savez(tmp, weight=weight.astype(np.float16), bias=bias.astype(np.float16),
-             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **extra)
     os.replace(tmp, path)
     return path
 
 
-def load_heads(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
+def load_heads(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict, np.ndarray | None]:
+    """weight [H, E, E], bias [H, E] (float32), meta, and the subset of token ids (None: the whole vocabulary)."""
     path = Path(path)
     if not path.is_file():
         raise EdgespecError(f"heads file not found: {path}")
@@ -85,11 +93,23 @@ def load_heads(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
         z = np.load(path)
         weight, bias = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
         meta = json.loads(bytes(z["meta"]).decode())
+        subset = z["subset"].astype(np.int64) if "subset" in z.files else None
     except (OSError, ValueError, KeyError) as e:
         raise EdgespecError(f"{path} is not a heads file written by edgespec train-heads ({e})") from None
     if weight.ndim != 3 or weight.shape[1:] != (weight.shape[1], weight.shape[1]) or bias.shape != weight.shape[:2]:
         raise EdgespecError(f"{path} has heads of inconsistent shapes {weight.shape} / {bias.shape}")
-    return weight, bias, meta
+    if subset is not None and (subset.ndim != 1 or not len(subset) or subset.min() < 0
+                               or np.any(np.diff(subset) <= 0)):
+        raise EdgespecError(f"{path} has a malformed token subset (shape {subset.shape})")
+    return weight, bias, meta, subset
+
+
+def medusa_bytes(path: str | os.PathLike, n_vocab: int, n_embd: int) -> int:
+    """What Medusa heads hold beside the target (memory planner): their float32 weights and a float32 copy
+    of the output layer's rows they draft from (the subset's, or all n_vocab)."""
+    weight, bias, _, subset = load_heads(path)
+    rows = n_vocab if subset is None else len(subset)
+    return 4 * (weight.size + bias.size + rows * n_embd)
 
 
 def medusa_states(hidden: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -102,8 +122,8 @@ class MedusaDrafter:
     """Drafts up to n_heads tokens from the target's last hidden state; see the module docstring."""
 
     def __init__(self, path: str | os.PathLike, target, output: np.ndarray | None = None):
-        """output: the target's output layer [V, E]; default: read from the target's GGUF."""
-        self.weight, self.bias, self.meta = load_heads(path)
+        """output: the target's output layer [V, E]; default: read from the target's GGUF or ONNX export."""
+        self.weight, self.bias, self.meta, self.subset = load_heads(path)
         if not getattr(target, "hidden", False):
             raise EdgespecError("Medusa heads read the target's hidden states: open the target with hidden=True "
                                 "(edgespec.load does this for a heads draft)")
@@ -111,7 +131,12 @@ class MedusaDrafter:
             raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
                                 f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
                                 f"{target.n_embd}")
-        self.output = output_matrix(target.path) if output is None else output  # [V, E]
+        output = output_matrix(target.path) if output is None else output  # [V, E]
+        self.n_vocab = output.shape[0]
+        if self.subset is not None and self.subset[-1] >= self.n_vocab:
+            raise EdgespecError(f"{path} drafts token ids up to {self.subset[-1]}; the target has {self.n_vocab}")
+        # [S, E] float32: the subset's rows gathered once (a view of an f32 file where there is no subset)
+        self.output = np.ascontiguousarray(output if self.subset is None else output[self.subset], dtype=np.float32)
         one_blas_thread()
         self.n_heads = self.weight.shape[0]
         self.name = f"medusa:{Path(path).name}"
@@ -147,10 +172,10 @@ class MedusaDrafter:
 
         k = min(k, self.n_heads)
         if k == 0 or self.feature is None:
-            return DraftTree([], [], np.zeros((1, self.output.shape[0])))
-        logits = medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T  # [k, V]
+            return DraftTree([], [], np.zeros((1, self.n_vocab)))
+        logits = medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T  # [k, S]
         return chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, width, params, rng,
-                                   self.output.shape[0], gate=gate)
+                                   self.n_vocab, ids=self.subset, gate=gate)
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
 

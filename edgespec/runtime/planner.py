@@ -202,8 +202,9 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     with suggestions, when nothing does (plan.fits is then False).
 
     n_ctx: fixed context (None: DEFAULT_CTX, halved while it does not fit). kv_type: fixed KV cache type
-    (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (Medusa heads: they
-    keep a float32 copy of the target's output layer; or heads_bytes, what other heads hold), "ngram", "none".
+    (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (heads_bytes: what the
+    heads hold, runtime.heads.medusa_bytes or runtime.eagle.eagle_bytes; None: a float32 copy of the target's
+    output layer, what Medusa heads without a token subset keep), "ngram", "none".
     """
     if kv_type is not None and kv_type not in KV_BLOCKS:
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
@@ -248,7 +249,7 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
     gpu, discrete = profile.gpu, not profile.unified and profile.gpu is not None
     gpu_context = GPU_CONTEXT_BYTES.get(gpu, 0) if gpu and not discrete else 0  # discrete: counted in VRAM
     runtime = runtime_bytes([m for m in (target, draft) if m], gpu_context, k_max, target.n_vocab)
-    if drafter == "heads":  # Medusa heads read the target's output layer from a float32 copy, in numpy
+    if drafter == "heads":  # heads read (rows of) the target's output layer from a float32 copy, in numpy
         runtime += target.n_vocab * target.n_embd * 4 if heads_bytes is None else heads_bytes
     draft_ctx = min(ctx, window) + MAX_DRAFT if window else 0
 
