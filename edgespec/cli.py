@@ -415,7 +415,8 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
 
 @main.command("train-heads")
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
-              help="The GGUF target whose hidden states the heads read [default: the default model]")
+              help="The target whose hidden states the heads read: a GGUF file or an ONNX export folder (fp32 or "
+                   "fp16 for EAGLE, whose layer starts from the target's) [default: the default model]")
 @click.option("--kind", type=click.Choice(["medusa", "eagle"]), default="medusa", show_default=True,
               help="medusa: one residual block per future position over the target's last hidden state; eagle: "
                    "one decoder layer over the target's hidden state and the next token, drafting a chain")

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import CORPUS_PROMPTS
 from stats_util import ALPHA, two_sample
 
 from edgespec.api import Engine
@@ -151,6 +152,54 @@ def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_pat
     with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
         OnnxBackend(old, n_ctx=64, hidden=True)
     assert onnx_backend.export_facts(old)["hidden"] is False and onnx_backend.export_facts(tiny_onnx)["hidden"]
+    from edgespec.models.heads import train_heads
+
+    with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
+        train_heads(old, tmp_path / "h.medusa.npz", corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS, progress=False)
+    assert not (tmp_path / "corpus").exists() and not (tmp_path / "h.medusa.npz").exists()
+
+
+def test_an_eagle_head_starts_from_the_exports_layer_as_from_the_gguf(tiny_checkpoint, tiny_onnx, tmp_path):
+    """The layer an EAGLE head starts from, read from an ONNX export (MatMul initializers found by node name,
+    q and k rows permuted for llama.cpp's RoPE), equals the f32 GGUF's of the same checkpoint bit for bit (4
+    heads, 2 KV heads); a quantized export is refused by name."""
+    from edgespec.models.eagle import layer_weights
+
+    gguf = tmp_path / "tiny-f32.gguf"
+    export(str(tiny_checkpoint), "gguf", "f32", gguf, progress=False, parity=False)
+    for layer in (0, -1):
+        ours, our_shape = layer_weights(tiny_onnx, layer)
+        theirs, their_shape = layer_weights(gguf, layer)
+        assert our_shape == their_shape and our_shape["n_head"] == 4 and our_shape["n_head_kv"] == 2
+        assert ours.keys() == theirs.keys()
+        for name, array in theirs.items():
+            np.testing.assert_array_equal(ours[name], array, err_msg=name)
+    int8 = tmp_path / "tiny-int8"
+    export(str(tiny_checkpoint), "onnx", "int8", int8, progress=False, parity=False)
+    with pytest.raises(EdgespecError, match="no float weights for .*q_proj.* train it on an fp32 or fp16 export"):
+        layer_weights(int8)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_heads_train_on_an_onnx_exports_hidden_states(tiny_onnx, tmp_path, kind):
+    """train-heads on an export folder: the corpus records the export's hidden states, the heads train, load
+    for it (and only for a target of its width) and keep greedy output equal to target-only."""
+    from edgespec.api import load
+    from edgespec.models.heads import train_heads
+
+    out = tmp_path / f"h.{kind}.npz"
+    summary = train_heads(tiny_onnx, out, kind=kind, corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS, epochs=2,
+                          max_tokens=16, progress=False)
+    assert summary["corpus_positions"] > 20 and len(summary["training"]["epochs"]) == 2
+    engine = load(tiny_onnx, out, n_ctx=256)
+    drafted = 0
+    for row in CORPUS_PROMPTS:
+        base = engine.generate(row["prompt"], max_tokens=16, draft_max=0)
+        spec = engine.generate(row["prompt"], max_tokens=16, draft_max=3)
+        assert spec.tokens == base.tokens
+        drafted += spec.stats.drafted
+    assert drafted > 0
+    engine.close()
 
 
 def test_the_default_draft_is_prompt_lookup_where_the_shipped_head_does_not_fit(tiny_onnx, default_gguf, tmp_path):
@@ -438,6 +487,26 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
     engine.close()
     with pytest.raises(EdgespecError, match="draft trees are verified in one pass by llama.cpp"):
         load(smollm2_onnx, "eagle", tree_width=2)
+
+
+@pytest.mark.slow
+def test_an_eagle_head_trains_on_the_real_export(smollm2_onnx, tmp_path):
+    """train-heads on the real fp32 export: the head starts from its last layer (read as the f32 GGUF's: the tiny
+    test above holds the reading to that bit for bit), trains on the export's states, and keeps greedy output
+    equal to target-only."""
+    from edgespec.api import load
+    from edgespec.models.heads import train_heads
+
+    out = tmp_path / "real.eagle.npz"
+    summary = train_heads(smollm2_onnx, out, kind="eagle", corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS,
+                          epochs=1, max_tokens=24, progress=False)
+    assert summary["corpus_positions"] > 30 and summary["training"]["subset"] == 8192
+    engine = load(smollm2_onnx, out, n_ctx=256)
+    for row in CORPUS_PROMPTS:
+        base = engine.generate(row["prompt"], max_tokens=24, draft_max=0)
+        spec = engine.generate(row["prompt"], max_tokens=24, draft_max=3)
+        assert spec.tokens == base.tokens and spec.stats.drafted > 0
+    engine.close()
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -27,8 +28,42 @@ from edgespec.runtime.eagle import LAYER_WEIGHTS
 SUBSET_SIZE = 8192  # output tokens: covers all but ~1 % of the target's probability mass on its own answers
 
 
-def layer_weights(gguf_path: str | os.PathLike, layer: int = -1) -> tuple[dict[str, np.ndarray], dict]:
-    """One decoder layer of a GGUF Llama target (float32, GGUF layout) and its attention shape."""
+def rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """A Hugging Face q or k projection [out, in] in GGUF's row order: llama.cpp's converter permutes each
+    head's rows so that the two halves rotary embedding pairs up sit side by side (its normal RoPE)."""
+    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def layer_weights(target: str | os.PathLike, layer: int = -1) -> tuple[dict[str, np.ndarray], dict]:
+    """One decoder layer of a Llama target (float32, GGUF layout) and its attention shape: from a GGUF file,
+    or from an ONNX export folder (its config and float initializers)."""
+    if Path(target).is_dir():
+        return _onnx_layer_weights(Path(target), layer)
+    return _gguf_layer_weights(target, layer)
+
+
+def _onnx_layer_weights(folder: Path, layer: int) -> tuple[dict[str, np.ndarray], dict]:
+    from edgespec.runtime.onnx_backend import decoder_layer, read_json
+
+    config = read_json(folder / "config.json")
+    if config.get("model_type") != "llama" or "num_hidden_layers" not in config:
+        raise EdgespecError(f"{folder}: an EAGLE head starts from a Llama-architecture layer; config.json says "
+                            f"{config.get('model_type')!r}")
+    layer = layer % config["num_hidden_layers"]
+    n_head = config["num_attention_heads"]
+    n_head_kv = config.get("num_key_value_heads") or n_head
+    w = decoder_layer(folder, layer)
+    weights = {"attn_norm": w["input_layernorm"], "attn_q": rope_rows(w["q_proj"], n_head),
+               "attn_k": rope_rows(w["k_proj"], n_head_kv), "attn_v": w["v_proj"], "attn_output": w["o_proj"],
+               "ffn_norm": w["post_attention_layernorm"], "ffn_gate": w["gate_proj"], "ffn_up": w["up_proj"],
+               "ffn_down": w["down_proj"], "out_norm": w["norm"]}
+    # as a GGUF stores them (float32), so a head's meta reads the same whichever file it started from
+    meta = {"n_head": n_head, "n_head_kv": n_head_kv, "rope_base": float(np.float32(config.get("rope_theta", 1e4))),
+            "eps": float(np.float32(config.get("rms_norm_eps", 1e-6))), "init_layer": layer}
+    return weights, meta
+
+
+def _gguf_layer_weights(gguf_path: str | os.PathLike, layer: int) -> tuple[dict[str, np.ndarray], dict]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -208,7 +243,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
 
     torch, _ = _torch()
     if any(s.hidden is None for s in seqs):
-        raise EdgespecError("the corpus has no hidden states: build it from a GGUF target (hidden states on)")
+        raise EdgespecError("the corpus has no hidden states: build it with edgespec train-heads (hidden states on)")
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
@@ -271,9 +306,9 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
     return trained, report
 
 
-def initial_weights(gguf_path: str | os.PathLike, layer: int = -1) -> tuple[dict[str, np.ndarray], dict]:
+def initial_weights(target: str | os.PathLike, layer: int = -1) -> tuple[dict[str, np.ndarray], dict]:
     """A head to start training from: the target's layer, fc = [I, I] (state + embedding), no_feature = 0."""
-    weights, meta = layer_weights(gguf_path, layer)
+    weights, meta = layer_weights(target, layer)
     n_embd = weights["attn_norm"].shape[0]
     eye = np.eye(n_embd, dtype=np.float32)
     weights.update(fc_weight=np.concatenate([eye, eye], axis=1), fc_bias=np.zeros(n_embd, np.float32),

@@ -39,7 +39,7 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, subset: np.ndarray
 
     torch, _ = _torch()
     if any(s.hidden is None for s in seqs):
-        raise EdgespecError("the corpus has no hidden states: build it from a GGUF target (hidden states on)")
+        raise EdgespecError("the corpus has no hidden states: build it with edgespec train-heads (hidden states on)")
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(seed)
@@ -113,7 +113,8 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
                 progress: bool = True, answerer: str | os.PathLike | None = None,
                 answer_draft: str | os.PathLike | None = None, also_corpora: list[str | os.PathLike] = (),
                 corpus_only: bool = False, **train_kwargs) -> dict:
-    """Corpus (with hidden states) from a GGUF target, then Medusa heads or an EAGLE head: `edgespec train-heads`.
+    """Corpus (with hidden states) from a GGUF target or an ONNX export, then Medusa heads or an EAGLE head:
+    `edgespec train-heads`.
 
     kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle).
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
@@ -122,11 +123,11 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     same target trained on beside `corpus` (for instance its sampled answers beside its greedy ones).
     corpus_only: build the corpus and stop (the summary has no heads).
     """
+    from edgespec.api import open_model
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.distill import read_train_prompts
     from edgespec.runtime.eagle import EAGLE_SUFFIX
     from edgespec.runtime.heads import HEADS_SUFFIX, output_matrix, save_heads
-    from edgespec.runtime.llama_backend import LlamaBackend
 
     if target is None:
         from edgespec.models.default import default_target
@@ -136,14 +137,20 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     suffix = {"medusa": HEADS_SUFFIX, "eagle": EAGLE_SUFFIX}.get(kind)
     if suffix is None:
         raise EdgespecError(f"unknown kind of heads '{kind}': medusa or eagle")
-    if target.suffix.lower() != ".gguf":
-        raise EdgespecError("heads are trained on a GGUF target's hidden states (llama.cpp exposes them)")
+    if target.suffix.lower() != ".gguf" and not target.is_dir():
+        raise EdgespecError(f"{target}: heads are trained on the hidden states of a GGUF target (llama.cpp) or of an "
+                            "ONNX export folder (edgespec export --to onnx adds them as an output)")
     if not out.name.endswith(suffix):
         raise EdgespecError(f"name the {kind} heads file *{suffix}, e.g. {out.name.split('.')[0]}{suffix}")
     corpus = Path(corpus) if corpus else out.with_name(out.name.removesuffix(suffix) + ".corpus")
     if corpus_only and also_corpora:
         raise EdgespecError("--also-corpus trains beside the corpus, and --corpus-only trains nothing: give one")
     check_also(corpus, also_corpora)
+    # the vocabulary digest and width the heads are checked against at load; an export that does not return
+    # hidden states is refused here, before the corpus is started
+    backend = open_model(target, n_ctx=16, threads=None, hidden=True)
+    meta = {"kind": kind, "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}
+    backend.close()
     t0 = time.perf_counter()
     manifest = build_corpus(target, prompts if prompts is not None else read_train_prompts(), corpus,
                             max_tokens=max_tokens, temperature=temperature, hidden=True, seed=seed, progress=progress,
@@ -154,9 +161,6 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     if corpus_only:
         return summary
     seqs = read_corpora(corpus, also_corpora)
-    backend = LlamaBackend(target, n_ctx=16)  # the vocabulary digest the heads are checked against at load
-    meta = {"kind": kind, "target": target.name, "vocab_digest": backend.vocab.digest, "n_embd": backend.n_embd}
-    backend.close()
     t0 = time.perf_counter()
     if kind == "eagle":
         from edgespec.models.eagle import fit_eagle

@@ -385,6 +385,59 @@ def output_matrix(folder: Path) -> np.ndarray:
                         "quantized; use an fp32 or fp16 export (or an int4 one of a model with tied embeddings)")
 
 
+LAYER_PROJECTIONS = ("self_attn/q_proj", "self_attn/k_proj", "self_attn/v_proj", "self_attn/o_proj", "mlp/gate_proj",
+                     "mlp/up_proj", "mlp/down_proj")  # a Llama block's MatMuls, as the exporter names their nodes
+
+
+def decoder_layer(folder: Path, layer: int) -> dict[str, np.ndarray]:
+    """One decoder layer of a Llama export in Hugging Face's names and layout, float32: the projections
+    (q_proj ... down_proj, [out, in]) from the initializers of the MatMul nodes the exporter names after them
+    (/model/layers.N/self_attn/q_proj/MatMul, weight stored [in, out]), the two norms, and the final norm
+    ("norm"), each the weight its node reads. An EAGLE head starts from it. Quantized projections (int4, int8)
+    are refused."""
+    onnx = _require("onnx")
+    from onnx import numpy_helper
+
+    folder = check_onnx_folder(folder)
+    graph = load_graph(folder / MODEL_FILE)
+    weights = {t.name: t for t in graph.initializer
+               if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+
+    identity = {node.output[0]: node.input[0] for node in graph.node if node.op_type == "Identity"}
+
+    def initializer(name: str) -> str | None:
+        """The float initializer a node input is, through Identity nodes (the exporter keeps one copy of equal
+        weights, e.g. norms still at their initial ones, and names the others Identity outputs of it)."""
+        while name not in weights and name in identity:
+            name = identity[name]
+        return name if name in weights else None
+
+    def read(name: str) -> np.ndarray:
+        return numpy_helper.to_array(weights[name], base_dir=str(folder)).astype(np.float32)
+
+    found = {}
+    names = {f"/model/layers.{layer}/{part}/MatMul": part.split("/")[1] for part in LAYER_PROJECTIONS}
+    # a norm's weight: the 1-D initializer its Mul reads
+    norms = {f"/model/layers.{layer}/input_layernorm/": "input_layernorm",
+             f"/model/layers.{layer}/post_attention_layernorm/": "post_attention_layernorm", "/model/norm/": "norm"}
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.name in names and initializer(node.input[1]):
+            found[names[node.name]] = np.ascontiguousarray(read(initializer(node.input[1])).T)
+        norm = next((norms[prefix] for prefix in norms if node.name.startswith(prefix)), None)
+        if norm is not None and node.op_type == "Mul":
+            vectors = [initializer(name) for name in node.input]
+            vector = next((name for name in vectors if name and len(weights[name].dims) == 1), None)
+            if vector is not None:
+                found[norm] = read(vector)
+    missing = sorted({*(part.split("/")[1] for part in LAYER_PROJECTIONS), "input_layernorm",
+                      "post_attention_layernorm", "norm"} - set(found))
+    if missing:
+        raise EdgespecError(f"{folder / MODEL_FILE} has no float weights for {', '.join(missing)} of layer {layer} "
+                            "(quantized, or not a Llama export): an EAGLE head starts from the target's layer; train "
+                            "it on an fp32 or fp16 export")
+    return found
+
+
 def weight_files(folder: Path) -> list[Path]:
     """model.onnx and its external data: the files beside it named model.onnx* (the export's convention,
     e.g. model.onnx_data), found without parsing a graph that may be gigabytes."""
