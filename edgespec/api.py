@@ -161,18 +161,19 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
 
 
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
-               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False) -> Backend:
+               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False,
+               spin: bool = False) -> Backend:
     """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
 
-    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider to onnxruntime; hidden (return hidden
-    states too, for draft heads) to both.
+    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider and spin (threads spin between ops) to
+    onnxruntime; hidden (return hidden states too, for draft heads) to both.
     """
     path = Path(path)
     if path.is_dir() or path.suffix.lower() == ".onnx":
         from edgespec.runtime.onnx_backend import OnnxBackend
 
         return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider,
-                           hidden=hidden)
+                           hidden=hidden, spin=spin)
     if path.suffix.lower() == ".gguf" or not path.suffix:
         from edgespec.runtime.llama_backend import LlamaBackend
 
@@ -312,7 +313,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
          profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
-         gate: bool = True) -> Engine:
+         gate: bool = True, spin: bool | None = None) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -335,6 +336,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
             confidence in it (runtime/cost.DraftGate); False drafts the controller's k every round.
+        spin: an ONNX target's onnxruntime threads spin between ops; None (default): only where nothing runs
+            beside the target (no draft, or prompt lookup), since spinning threads take the cores a draft model
+            or a head's threads need.
     """
     from edgespec.runtime.plan_report import refusal
     from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
@@ -377,8 +381,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
         provider = provider or ("auto" if gpu_providers else "cpu")
     provider = provider or "cpu"
+    if spin is None:
+        spin = draft is None or str(draft) in ("none", "ngram")
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=hidden or heads_kind(draft) is not None, **settings)
+                                hidden=hidden or heads_kind(draft) is not None, spin=spin, **settings)
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
                                                           provider=provider, **draft_settings)

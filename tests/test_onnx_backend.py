@@ -159,6 +159,24 @@ def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_pat
     assert not (tmp_path / "corpus").exists() and not (tmp_path / "h.medusa.npz").exists()
 
 
+def test_the_target_spins_only_where_nothing_runs_beside_it(tiny_onnx):
+    """onnxruntime's threads spin between ops (faster alone) only where no draft model or head runs beside the
+    target, whose threads a spinning pool would take; `spin` overrides that."""
+    from edgespec.api import load
+
+    def spinning(backend) -> str:
+        return backend._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+    for draft, expected in [("none", "1"), ("ngram", "1"), (str(tiny_onnx), "0"), (f"ngram+{tiny_onnx}", "0")]:
+        engine = load(tiny_onnx, draft, n_ctx=64)
+        assert spinning(engine.target) == expected, draft
+        assert engine.draft_backend is None or spinning(engine.draft_backend) == "0"
+        engine.close()
+    engine = load(tiny_onnx, "ngram", n_ctx=64, spin=False)
+    assert spinning(engine.target) == "0"
+    engine.close()
+
+
 def test_an_eagle_head_starts_from_the_exports_layer_as_from_the_gguf(tiny_checkpoint, tiny_onnx, tmp_path):
     """The layer an EAGLE head starts from, read from an ONNX export (MatMul initializers found by node name,
     q and k rows permuted for llama.cpp's RoPE), equals the f32 GGUF's of the same checkpoint bit for bit (4

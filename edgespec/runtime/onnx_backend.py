@@ -99,14 +99,17 @@ def available_providers() -> tuple[str, ...]:
     return tuple(names[p] for p in ort.get_available_providers() if p in names)
 
 
-def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool):
-    """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, not spinning. onnxruntime falls back
-    to the CPU when the provider's libraries do not load: with `strict` that is an error."""
+def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool, spin: bool = False):
+    """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, spinning only with `spin`.
+    onnxruntime falls back to the CPU when the provider's libraries do not load: with `strict` that is an error.
+
+    A spinning pool wakes faster between ops (the f32 SmolLM2 export decoded 10 % faster alone here) but burns
+    the cores between runs, which a draft model, an EAGLE head's llama.cpp threads or the other model of a pair
+    need (with the head beside it, no faster: benchmarks/onnx_spinning.py)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = n_threads
-    # a spinning pool burns the cores between runs, which a draft model or the other model of a pair needs
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
     options.log_severity_level = 2 if os.environ.get("EDGESPEC_ORT_LOG") else 3  # warnings, else errors only
     providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
     if provider == "TensorrtExecutionProvider":
@@ -226,15 +229,17 @@ class OnnxBackend:
     """An exported ONNX decoder and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 provider: str = "cpu", hidden: bool = False):
+                 provider: str = "cpu", hidden: bool = False, spin: bool = False):
         """hidden: forward also keeps the final hidden state of every row it returns logits for (last_hidden),
-        for draft heads; the export must have the output (edgespec export writes it)."""
+        for draft heads; the export must have the output (edgespec export writes it). spin: onnxruntime's
+        threads spin between ops (faster when nothing else runs beside the model; see open_session)."""
         folder = check_onnx_folder(folder)
         ort = _require("onnxruntime")
         self.name, self.path = folder.name, folder
         wanted = pick_provider(ort.get_available_providers(), provider)
         self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
-        self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto")
+        self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto",
+                                     spin=spin)
         self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)

@@ -1,0 +1,68 @@
+"""Does onnxruntime's thread spinning pay for an ONNX target, alone and with each draft beside it?
+
+For each draft (default: none, prompt lookup, prompt lookup with the shipped EAGLE head), decode the built-in
+prompts (every second one) with the target's threads spinning and not, each setting in a fresh process (a
+spinning pool left in the process would slow the next setting), the two alternating `--rounds` times; prints
+tokens/s per run and the spinning/not ratio of the means. api.load spins only where nothing runs beside the
+target (no draft, prompt lookup): this checks that rule on the machine at hand.
+
+usage: python benchmarks/onnx_spinning.py --target smollm2-onnx-fp32 [--draft none --draft ngram+eagle]
+       [--rounds 2] [--max-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+
+def one_run(target: str, draft: str, spin: bool, max_tokens: int) -> dict:
+    from edgespec.api import load
+    from edgespec.bench import read_prompts
+
+    engine = load(target, draft, n_ctx=1024, spin=spin)
+    prompts = [row["prompt"] for row in read_prompts(None)][::2]
+    engine.generate(prompts[0], max_tokens=16)  # warm up
+    tokens, seconds = 0, 0.0
+    for prompt in prompts:
+        t = time.perf_counter()
+        result = engine.generate(prompt, max_tokens=max_tokens)
+        seconds += time.perf_counter() - t
+        tokens += len(result.tokens)
+    engine.close()
+    return {"tokens": tokens, "tok_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="An ONNX export folder")
+    parser.add_argument("--draft", action="append", help="Drafts to run (repeatable) [default: none, ngram, "
+                                                         "ngram+eagle]")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: "DRAFT,SPIN"
+    args = parser.parse_args()
+    if args.one:
+        draft, spin = args.one.rsplit(",", 1)
+        print(json.dumps(one_run(args.target, draft, spin == "1", args.max_tokens)))
+        return
+    print(f"target {args.target}, {args.max_tokens} tokens a prompt, tokens/s per run (fresh process each)")
+    print(f"{'draft':<14} {'spinning':>24} {'not spinning':>24}  ratio")
+    for draft in args.draft or ["none", "ngram", "ngram+eagle"]:
+        speeds = {True: [], False: []}
+        for _ in range(args.rounds):
+            for spin in (False, True):
+                child = subprocess.run([sys.executable, __file__, "--target", args.target, "--max-tokens",
+                                        str(args.max_tokens), "--one", f"{draft},{int(spin)}"],
+                                       capture_output=True, text=True, check=True)
+                speeds[spin].append(json.loads(child.stdout.strip().splitlines()[-1])["tok_s"])
+        mean = {spin: sum(v) / len(v) for spin, v in speeds.items()}
+        line = {spin: " ".join(f"{v:.1f}" for v in speeds[spin]) for spin in speeds}
+        print(f"{draft:<14} {line[True]:>24} {line[False]:>24}  {mean[True] / mean[False]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
