@@ -103,7 +103,7 @@ def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool
     """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, spinning only with `spin`.
     onnxruntime falls back to the CPU when the provider's libraries do not load: with `strict` that is an error.
 
-    A spinning pool wakes faster between ops (the f32 SmolLM2 export decoded 10 % faster alone here) but burns
+    A spinning pool wakes faster between ops (the f32 SmolLM2 export decoded 12 % faster alone here) but burns
     the cores between runs, which a draft model, an EAGLE head's llama.cpp threads or the other model of a pair
     need (with the head beside it, no faster: benchmarks/onnx_spinning.py)."""
     options = ort.SessionOptions()
@@ -357,17 +357,23 @@ def export_facts(folder: str | os.PathLike) -> dict:
             "vocab_digest": vocab.digest}
 
 
+def float_initializers(graph, ndim: int | None = None) -> dict:
+    """The graph's float32 and float16 initializers by name (only those of `ndim` dimensions, if given)."""
+    onnx = _require("onnx")
+    return {t.name: t for t in graph.initializer
+            if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and ndim in (None, len(t.dims))}
+
+
 def output_matrix(folder: Path) -> np.ndarray:
     """An export's output layer [V, E] (float32 or float16), for draft heads: the weight the logits MatMul reads,
     an initializer [E, V] or the Transpose of one [V, E] (tied embeddings, as optimum exports them); where the
     output layer is quantized (int4), the token embeddings of a model that ties the two (they stay float)."""
-    onnx = _require("onnx")
+    _require("onnx")
     from onnx import numpy_helper
 
     folder = check_onnx_folder(folder)
     graph = load_graph(folder / MODEL_FILE)
-    weights = {t.name: t for t in graph.initializer
-               if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and len(t.dims) == 2}
+    weights = float_initializers(graph, ndim=2)
     producer = {name: node for node in graph.node for name in node.output}
 
     def read(name: str) -> np.ndarray:
@@ -400,14 +406,12 @@ def decoder_layer(folder: Path, layer: int) -> dict[str, np.ndarray]:
     (/model/layers.N/self_attn/q_proj/MatMul, weight stored [in, out]), the two norms, and the final norm
     ("norm"), each the weight its node reads. An EAGLE head starts from it. Quantized projections (int4, int8)
     are refused."""
-    onnx = _require("onnx")
+    _require("onnx")
     from onnx import numpy_helper
 
     folder = check_onnx_folder(folder)
     graph = load_graph(folder / MODEL_FILE)
-    weights = {t.name: t for t in graph.initializer
-               if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
-
+    weights = float_initializers(graph)
     identity = {node.output[0]: node.input[0] for node in graph.node if node.op_type == "Identity"}
 
     def initializer(name: str) -> str | None:
