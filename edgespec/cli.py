@@ -372,8 +372,13 @@ def corpus_options(f):
               help="Where the target's answers are kept (resumable) [default: beside --out]")
 @answering_options
 @corpus_options
-@click.option("--layers", type=click.IntRange(1), default=4, show_default=True, help="Draft layers")
+@click.option("--layers", type=click.IntRange(1), default=None, help="Draft layers [default: 4, or --init's]")
+@click.option("--init", "init", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Go on training a draft distilled before (its .hf checkpoint folder, written beside its GGUF) "
+                   "instead of starting a new one")
 @click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-4, show_default=True,
+              help="Peak learning rate (warm-up, then cosine decay to 0 over the epochs)")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
               help="Longest answer generated per prompt")
 @click.option("--quant", default="q8_0", show_default=True, help="GGUF type of the draft (see edgespec export)")
@@ -382,7 +387,7 @@ def corpus_options(f):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
-            also_corpora, layers, epochs, max_tokens, quant, onnx_out, seed, as_json):
+            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, seed, as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -394,14 +399,17 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     from edgespec.models.distill import distill as run
     from edgespec.models.distill import read_train_prompts
 
+    if init and layers is not None:
+        raise click.UsageError("--init goes on training a draft with its own layers: leave out --layers")
     prompts = [] if only_prompts else read_train_prompts()
     if prompts_file:
         prompts += read_prompts(prompts_file)
     elif only_prompts:
         raise click.UsageError("--only-prompts needs --prompts FILE")
-    summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
+    summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers or 4, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
-                  progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora))
+                  progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
+                  init=init, lr=lr)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return

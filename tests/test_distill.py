@@ -306,3 +306,26 @@ def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
     answers = [[s.tokens[s.n_prompt:].tolist() for s in read_corpus(tmp_path / f"{name}.corpus")[1]]
                for name in ("s", "g")]
     assert answers[0] != answers[1] and greedy["train_positions"] > 0
+
+
+@pytest.mark.slow
+def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_path):
+    """--init: the second run starts where the first ended (its held-out loss before training is the first's
+    after), and a checkpoint that is not a draft of this target is refused before any corpus is written."""
+    from edgespec.errors import EdgespecError
+    from edgespec.export import export
+    from edgespec.models.distill import distill
+
+    target = tmp_path / "target.gguf"
+    export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
+    prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(8)]
+    common = {"source": soft_checkpoint, "prompts": prompts, "corpus": tmp_path / "c.corpus", "epochs": 1,
+              "max_tokens": 16, "progress": False, "holdout": 0.25, "lr": 3e-3}
+    first = distill(target, tmp_path / "a.gguf", n_layers=1, **common)["training"]
+    second = distill(target, tmp_path / "b.gguf", init=tmp_path / "a.hf", **common)["training"]
+    assert second["init"] == str(tmp_path / "a.hf") and second["layers_from_target"] is None
+    assert second["initial_loss"] == pytest.approx(first["epochs"][-1]["held_out_loss"], abs=2e-3)
+    assert second["initial_loss"] < first["initial_loss"]
+    with pytest.raises(EdgespecError, match="3 layers, the target 3: not a draft"):
+        distill(target, tmp_path / "d.gguf", init=soft_checkpoint, **{**common, "corpus": tmp_path / "d.corpus"})
+    assert not (tmp_path / "d.corpus").exists() and not (tmp_path / "d.gguf").exists()

@@ -71,6 +71,38 @@ def init_draft(source: Path, n_layers: int):
     return draft, picks
 
 
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "tie_word_embeddings")
+
+
+def check_init(init: Path, source: Path) -> None:
+    """A draft distilled before (its Hugging Face checkpoint) may go on training only if it is a Llama of the
+    source's shapes with fewer layers; said before any corpus is built."""
+    _, transformers = _torch()
+    if not (init / "config.json").is_file():
+        raise EdgespecError(f"--init needs a distilled draft's checkpoint folder (the .hf beside its GGUF); "
+                            f"{init} has no config.json")
+    config = transformers.AutoConfig.from_pretrained(init)
+    target = transformers.AutoConfig.from_pretrained(source)
+    if getattr(config, "model_type", None) != "llama":
+        raise EdgespecError(f"--init {init} is a {config.model_type} model; distill trains Llama drafts")
+    differ = [k for k in SHAPE_KEYS if getattr(config, k, None) != getattr(target, k, None)]
+    if differ:
+        raise EdgespecError(f"--init {init} was not distilled from this target: "
+                            + ", ".join(f"{k} {getattr(config, k, None)} vs {getattr(target, k, None)}"
+                                        for k in differ))
+    if config.num_hidden_layers >= target.num_hidden_layers:
+        raise EdgespecError(f"--init {init} has {config.num_hidden_layers} layers, the target "
+                            f"{target.num_hidden_layers}: not a draft")
+
+
+def resume_draft(init: Path, source: Path):
+    """The draft at init, checked against the source, to train on."""
+    torch, transformers = _torch()
+    check_init(init, source)
+    return transformers.LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32)
+
+
 def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
     """Lists of sequences of at most max_tokens padded tokens, shuffled."""
     order = rng.permutation(len(seqs))
@@ -107,15 +139,21 @@ def _loss(torch, draft, batch: list[Sequence], device):
 
 def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int = 3, lr: float = 3e-4,
           batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
-          progress: bool = True):
-    """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement."""
+          progress: bool = True, init: Path | None = None):
+    """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement.
+
+    init: a draft distilled before goes on training (n_layers is then its own) instead of a new one."""
     torch, _ = _torch()
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
-    draft, picks = init_draft(source, n_layers)
+    if init is not None:
+        draft, picks = resume_draft(Path(init), source), None
+        n_layers = draft.config.num_hidden_layers
+    else:
+        draft, picks = init_draft(source, n_layers)
     draft.to(device)
     if not train_embeddings:
         draft.model.embed_tokens.weight.requires_grad_(False)
@@ -125,8 +163,8 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
     steps = epochs * sum(1 for _ in _batches(train_seqs, batch_tokens, np.random.default_rng(0)))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))))
-    report = {"layers_from_target": picks, "train_sequences": len(train_seqs), "held_out_sequences": len(held),
-              "epochs": [], "device": device}
+    report = {"layers_from_target": picks, "init": str(init) if init is not None else None,
+              "train_sequences": len(train_seqs), "held_out_sequences": len(held), "epochs": [], "device": device}
 
     def evaluate() -> tuple[float, float]:
         """Held-out (cross-entropy to the target, top-1 agreement with it)."""
@@ -142,8 +180,8 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
 
     loss0, agree0 = evaluate()
     report["initial_loss"], report["initial_agreement"] = round(loss0, 4), round(agree0, 4)
-    say(progress, f"draft of {n_layers} layers (target layers {picks}); held-out top-1 agreement "
-                   f"{agree0:.3f} before training")
+    start = f"from {init}" if init is not None else f"target layers {picks}"
+    say(progress, f"draft of {n_layers} layers ({start}); held-out top-1 agreement {agree0:.3f} before training")
     step = 0
     for epoch in range(epochs):
         t0, losses = time.perf_counter(), []
@@ -185,12 +223,13 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
             epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
             answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
-            also_corpora: list[str | os.PathLike] = (), **train_kwargs) -> dict:
+            also_corpora: list[str | os.PathLike] = (), init: str | os.PathLike | None = None,
+            **train_kwargs) -> dict:
     """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary.
 
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
     answering model speculates with (see build_corpus); also_corpora: finished corpora of the same target
-    trained on beside `corpus`."""
+    trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
@@ -209,6 +248,9 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     prompts = prompts if prompts is not None else read_train_prompts()
     corpus = Path(corpus) if corpus else out.with_name(out.stem + ".corpus")
     check_also(corpus, also_corpora)
+    if init is not None:
+        init = Path(init)
+        check_init(init, src.path)
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
@@ -218,7 +260,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     seqs = read_corpora(corpus, also_corpora)
     t0 = time.perf_counter()
     model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
-                          **train_kwargs)
+                          init=init, **train_kwargs)
     train_s = time.perf_counter() - t0
     checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
     exported = export_source(Source("hf", checkpoint, str(checkpoint)), "gguf", quant, out, progress=progress)
