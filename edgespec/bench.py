@@ -38,9 +38,11 @@ def read_prompts(path: str | Path | None) -> list[dict]:
 
 def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperature: float = 0.0,
               draft_max: int | None = None, progress: bool = False, json_schema: dict | None = None,
-              grammar_drafts: bool = True) -> dict:
+              grammar_drafts: bool = True, baseline: Engine | None = None) -> dict:
     """Run every prompt target-only and speculatively; return the report (see format_report).
 
+    baseline: the engine target-only runs on, where the target alone runs differently from the target beside
+    a draft (an ONNX target spins its threads only alone; see runs_as_alone) [default: engine itself].
     json_schema: constrain every answer to it (both modes). grammar_drafts=False: a draft model drafts as if
     there were no grammar (its drafts are cut at the first forbidden token), to measure what drafting under
     the grammar gains."""
@@ -51,6 +53,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
                                   "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0,
                                   "lookup_drafted": 0, "lookup_accepted": 0})
     modes = {"base": 0, "spec": draft_max}
+    engines = {"base": baseline or engine, "spec": engine}
     aware = getattr(engine.drafter, "grammar_aware", False)
     if aware and not grammar_drafts:
         engine.drafter.grammar_aware = False  # this engine's drafter, for this bench
@@ -59,7 +62,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
         order = ["base", "spec"] if i % 2 == 0 else ["spec", "base"]
         outputs = {}
         for mode in order:
-            result = engine.generate(row["prompt"], max_tokens=max_tokens, temperature=temperature,
+            result = engines[mode].generate(row["prompt"], max_tokens=max_tokens, temperature=temperature,
                                      seed=i, draft_max=modes[mode], json_schema=json_schema)
             outputs[mode] = result
         for cat in (row["cat"], "overall"):
@@ -121,14 +124,24 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
         "max_tokens": max_tokens,
         "temperature": temperature,
         "draft_max": draft_max,
+        "target_only": "the target loaded alone" if baseline is not None else "the same engine, drafting off",
         "categories": categories,
         "overall": overall,
     }
 
 
+def runs_as_alone(engine: Engine) -> bool:
+    """Whether the engine's target, drafting off, runs as the target loaded alone would. An ONNX session
+    beside a draft does not spin its threads; alone it does, 12 % faster here (benchmarks/onnx_spinning.py),
+    so its target-only speed is not what a user without a draft gets."""
+    return getattr(engine.target, "spin", None) is not False
+
+
 def format_report(report: dict) -> str:
     head = (f"target {report['target']}  draft {report['draft']}  max_tokens {report['max_tokens']}  "
             f"temperature {report['temperature']}  draft_max {report['draft_max'] or 'auto'}")
+    if report.get("target_only") == "the target loaded alone":
+        head += "  (target-only: the target loaded alone)"
     cols = f"{'category':<10}{'prompts':>8}{'target tok/s':>14}{'spec tok/s':>12}{'ratio':>8}{'accept':>8}" \
            f"{'mean acc':>10}{'same out':>10}  draft lengths"
     lines = [head, cols]

@@ -255,8 +255,11 @@ def chat(load_engine, system, **sampling):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
 def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, categories, schema_file,
           grammar_unaware, no_gate, as_json):
-    """Target-only vs speculative decoding, side by side in one process, per category."""
-    from edgespec.bench import format_comparison, format_report, read_prompts, run_bench
+    """Target-only vs speculative decoding, side by side in one process, per category.
+
+    Target-only runs on the speculative engine with drafting off, or, where the target runs differently
+    beside a draft (an ONNX target spins its threads only alone), on the target loaded alone beside it."""
+    from edgespec.bench import format_comparison, format_report, read_prompts, run_bench, runs_as_alone
 
     prompts = read_prompts(prompts_file)
     if categories:
@@ -265,18 +268,26 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
             raise EdgespecError(f"no prompts in the categories {', '.join(categories)}")
     schema = read_schema(schema_file)
     reports = []
-    for other in (None, *also):  # one draft at a time: a single loaded pair in memory
-        if not as_json:
-            _status("loading models and measuring draft costs ...")
-        engine: Engine = load_engine(other, gate=not no_gate)
-        try:
-            reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
-                                     draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),
-                                     json_schema=schema, grammar_drafts=not grammar_unaware))
-        finally:
-            engine.close()
-        if not as_json:
-            click.echo(format_report(reports[-1]) + "\n")
+    alone = None  # the target alone, loaded once for every draft that needs it
+    try:
+        for other in (None, *also):  # one draft at a time: a single loaded pair in memory
+            if not as_json:
+                _status("loading models and measuring draft costs ...")
+            engine: Engine = load_engine(other, gate=not no_gate)
+            try:
+                if not runs_as_alone(engine) and alone is None:
+                    alone = load_engine("none")
+                baseline = None if runs_as_alone(engine) else alone
+                reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
+                                         draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),
+                                         json_schema=schema, grammar_drafts=not grammar_unaware, baseline=baseline))
+            finally:
+                engine.close()
+            if not as_json:
+                click.echo(format_report(reports[-1]) + "\n")
+    finally:
+        if alone is not None:
+            alone.close()
     if as_json:
         click.echo(json.dumps(reports[0] if not also else reports, indent=2))
     elif also:

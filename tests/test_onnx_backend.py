@@ -177,6 +177,43 @@ def test_the_target_spins_only_where_nothing_runs_beside_it(tiny_onnx):
     engine.close()
 
 
+def test_bench_times_target_only_on_the_target_loaded_alone(tiny_onnx, tmp_path, monkeypatch):
+    """Beside a draft model an ONNX target does not spin, so bench runs target-only on the target loaded alone
+    (spinning, as a user without a draft runs it), loaded once; beside prompt lookup the engine is the same."""
+    import json
+
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    calls, loads = [], []
+    generate, close = Engine.generate, Engine.close
+
+    def record(self, *args, **kwargs):
+        calls.append((self.drafter.name.split(":")[0] if self.drafter else None, kwargs["draft_max"],
+                      self.target.spin))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "close", lambda self: (loads.append(self.drafter is None), close(self)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"cat": "a", "prompt": "Count from 1 to 5."}\n{"cat": "b", "prompt": "Say hi."}\n')
+    result = CliRunner().invoke(main, ["bench", "-m", str(tiny_onnx), "--draft", str(tiny_onnx), "--also", "ngram",
+                                       "--also", str(tiny_onnx), "--prompts", str(prompts), "-n", "8",
+                                       "--draft-max", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    model, ngram, again = json.loads(result.stdout)
+    assert model["target_only"] == again["target_only"] == "the target loaded alone"
+    assert ngram["target_only"] == "the same engine, drafting off"
+    for report in (model, ngram, again):
+        assert report["overall"]["identical_outputs"] == 2
+    base = [(drafter, spin) for drafter, draft_max, spin in calls if draft_max == 0]
+    assert base == [(None, True)] * 2 + [("ngram", True)] * 2 + [(None, True)] * 2
+    spec = [(drafter, spin) for drafter, draft_max, spin in calls if draft_max != 0]
+    assert spec == [("model", False)] * 2 + [("ngram", True)] * 2 + [("model", False)] * 2
+    assert loads.count(True) == 1  # the target alone loaded once, closed at the end
+
+
 def test_an_eagle_head_starts_from_the_exports_layer_as_from_the_gguf(tiny_checkpoint, tiny_onnx, tmp_path):
     """The layer an EAGLE head starts from, read from an ONNX export (MatMul initializers found by node name,
     q and k rows permuted for llama.cpp's RoPE), equals the f32 GGUF's of the same checkpoint bit for bit (4

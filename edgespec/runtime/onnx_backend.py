@@ -240,6 +240,7 @@ class OnnxBackend:
         self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
         self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto",
                                      spin=spin)
+        self.spin = spin
         self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)
