@@ -1,9 +1,12 @@
+import itertools
+
 import pytest
 
 from edgespec.runtime.cost import (
     BIN_DECAY,
     CONFIDENCE_BINS,
     PROBE_EVERY,
+    PROBE_MAX,
     DraftController,
     expected_tokens,
     measure_pass_costs,
@@ -43,10 +46,32 @@ def test_costly_draft_model_shortens_the_draft():
     assert cheap > costly >= 0
 
 
-def test_idle_controller_probes_acceptance_now_and_then():
+def probes(choices):
+    """Rounds since the start (1-based) at which the controller chose a draft length of 1."""
+    return [i + 1 for i, k in enumerate(choices) if k == 1]
+
+
+def test_idle_controller_probes_acceptance_ever_more_rarely():
+    """Probes that find nothing double the wait up to PROBE_MAX: a declined draft model reads the text it
+    missed only when it probes."""
     c = controller_with(0.0, 0.6)
-    choices = [c.choose() for _ in range(PROBE_EVERY * 3)]
-    assert choices.count(1) == 3 and choices.count(0) == PROBE_EVERY * 3 - 3
+    assert not c.drafting()
+    choices = [c.choose() for _ in range(1000)]
+    gaps = [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY, PROBE_MAX, PROBE_MAX, PROBE_MAX]  # 32, 64, ..., 256
+    assert PROBE_MAX == 8 * PROBE_EVERY and probes(choices) == list(itertools.accumulate(gaps))
+    assert set(choices) == {0, 1}
+
+
+def test_a_probe_that_brings_drafting_back_resets_the_wait():
+    c = controller_with(0.0, 0.6)
+    first = probes([c.choose() for _ in range(PROBE_EVERY * 3)])  # probes after 32 and 64 more idle rounds
+    assert first == [PROBE_EVERY, PROBE_EVERY * 3]
+    for _ in range(60):  # the text turned easy: drafts are accepted
+        c.observe(4, 4, 0.0, c.target_costs[5])
+    assert c.drafting() and c.choose() > 1
+    for _ in range(60):  # and hard again
+        c.observe(4, 0, 0.0, c.target_costs[5])
+    assert probes([c.choose() for _ in range(PROBE_EVERY)]) == [PROBE_EVERY]  # back to the first wait
 
 
 def test_acceptance_estimate_is_accepted_over_accepted_plus_rejections():

@@ -348,6 +348,34 @@ def test_lookup_drafts_where_the_draft_model_would_not_pay():
     assert stats.accepted == stats.drafted and max(stats.draft_lengths) == 4  # lookup's controller went to k_max
 
 
+def test_a_declined_draft_model_reads_the_text_only_when_it_probes():
+    """Where the controller would not draft, the draft model skips the prompt at prefill and reads the text only
+    for a probe round (then all it missed, at once); where it would draft, it reads the prompt at prefill."""
+    target = FakeBackend(deterministic_table(CHAIN, V), n_ctx=1024)
+    draft = FakeBackend(deterministic_table(CHAIN, V), n_ctx=1024)
+    declining = DraftController({n: 1.0 + 0.6 * (n - 1) for n in range(1, 17)}, draft_cost=0.0, k_max=4,
+                                accepted=0.0, rejected=50.0)
+    declining.observe = lambda *args, **kwargs: None  # the fake's microsecond timings would rewrite the costs
+    assert not declining.drafting() and declining.could_pay()
+    prompt = [1, 2, 3]
+    stats = Stats()
+    events = list(speculate(target, ModelDrafter(draft, target.vocab), declining, prompt, GREEDY,
+                            np.random.default_rng(0), max_tokens=20, stats=stats))
+    assert draft.calls == [] and stats.drafted == 0 and len(events) == 20  # no probe within 20 rounds
+    stats = Stats()
+    list(speculate(target, ModelDrafter(draft, target.vocab), declining, prompt, GREEDY, np.random.default_rng(0),
+                   max_tokens=200, stats=stats))
+    # the probe comes at 32 idle rounds, this run's 12th: its draft reads all it missed, the prompt and 11
+    # tokens but the last (which its proposal reads), in one pass
+    assert draft.calls[0] == (len(prompt) + 11 - 1, 0) and stats.drafted > 0
+    drafting = DraftController({n: 1.0 for n in range(1, 17)}, draft_cost=0.0, k_max=4)
+    draft = FakeBackend(deterministic_table(CHAIN, V), n_ctx=1024)
+    assert drafting.drafting()
+    list(speculate(target, ModelDrafter(draft, target.vocab), drafting, prompt, GREEDY, np.random.default_rng(0),
+                   max_tokens=4))
+    assert draft.calls[0] == (len(prompt) - 1, 0)  # at prefill
+
+
 def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():
     rng = np.random.default_rng(5)
     table = random_table(rng, V, sharpness=4.0)

@@ -26,6 +26,7 @@ EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
 PRIOR_WEIGHT = 8.0  # pseudo-rounds behind a prior acceptance measured at load
 PROBE_EVERY = 32  # rounds at k = 0 before one k = 1 round re-tests acceptance
+PROBE_MAX = 256  # ... doubling after every probe that does not bring drafting back, up to this
 CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draft's confidence
 BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
 BIN_DECAY = 0.99  # per token observed in a bin
@@ -95,6 +96,7 @@ class DraftController:
     bin_rejected: list[float] = field(default_factory=lambda: [
         BIN_PRIOR * (1 - (i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)])
     _idle_rounds: int = field(default=0, repr=False)
+    _probe_every: int = field(default=PROBE_EVERY, repr=False)
 
     @property
     def alpha(self) -> float:
@@ -143,16 +145,27 @@ class DraftController:
         base = 1.0 / self.target_costs[1]
         return any((k + 1) / (k * self.draft_cost + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
 
+    def drafting(self) -> bool:
+        """Would the next round draft, as acceptance and costs stand (no probe counted)?"""
+        return max(range(self.k_max + 1), key=self.predicted_rate) > 0
+
     def choose(self) -> int:
+        """The next round's draft length. While no length pays, a round of 1 now and then re-tests acceptance,
+        which may have changed with the text. A probe is not cheap for a draft model: before it drafts, it
+        reads every token it missed in one batched pass, so probes that do not bring drafting back come ever
+        more rarely, and most tokens a declined draft missed are never read (benchmarks/declined_draft.py)."""
         k = max(range(self.k_max + 1), key=self.predicted_rate)
-        if k == 0 and self.could_pay():
-            self._idle_rounds += 1
-            if self._idle_rounds >= PROBE_EVERY:  # acceptance may have changed with the text
-                self._idle_rounds = 0
-                return 1
-        else:
+        if k > 0:
+            self._idle_rounds, self._probe_every = 0, PROBE_EVERY
+            return k
+        if not self.could_pay():
             self._idle_rounds = 0
-        return k
+            return 0
+        self._idle_rounds += 1
+        if self._idle_rounds < self._probe_every:
+            return 0
+        self._idle_rounds, self._probe_every = 0, min(2 * self._probe_every, PROBE_MAX)
+        return 1
 
     def observe_shadow(self, p_accept: float) -> None:
         """Record a draft that was computed for free but not verified (k = 0 round): the target's

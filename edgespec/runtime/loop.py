@@ -145,7 +145,9 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
         drafter.reset()
     sync(target, committed[:-1], 0)
-    if drafter is not None and draft_max != 0:  # a draft model reads the prompt too: that is prefill work
+    # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
+    # it only if a probe comes
+    if drafter is not None and draft_max != 0 and (draft_max is not None or controller.drafting()):
         catch_up(drafter, committed)
     t_decode = time.perf_counter()
     stats.prefill_s += t_decode - t_start
