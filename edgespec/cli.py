@@ -275,9 +275,10 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
                 _status("loading models and measuring draft costs ...")
             engine: Engine = load_engine(other, gate=not no_gate)
             try:
-                if not runs_as_alone(engine) and alone is None:
-                    alone = load_engine("none")
-                baseline = None if runs_as_alone(engine) else alone
+                baseline = None
+                if not runs_as_alone(engine):
+                    alone = alone or load_engine("none")
+                    baseline = alone
                 reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
                                          draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),
                                          json_schema=schema, grammar_drafts=not grammar_unaware, baseline=baseline))

@@ -145,16 +145,20 @@ class DraftController:
         base = 1.0 / self.target_costs[1]
         return any((k + 1) / (k * self.draft_cost + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
 
+    def best_k(self) -> int:
+        """The draft length with the most expected tokens per second, as acceptance and costs stand."""
+        return max(range(self.k_max + 1), key=self.predicted_rate)
+
     def drafting(self) -> bool:
-        """Would the next round draft, as acceptance and costs stand (no probe counted)?"""
-        return max(range(self.k_max + 1), key=self.predicted_rate) > 0
+        """Would the next round draft (no probe counted)?"""
+        return self.best_k() > 0
 
     def choose(self) -> int:
         """The next round's draft length. While no length pays, a round of 1 now and then re-tests acceptance,
         which may have changed with the text. A probe is not cheap for a draft model: before it drafts, it
         reads every token it missed in one batched pass, so probes that do not bring drafting back come ever
         more rarely, and most tokens a declined draft missed are never read (benchmarks/declined_draft.py)."""
-        k = max(range(self.k_max + 1), key=self.predicted_rate)
+        k = self.best_k()
         if k > 0:
             self._idle_rounds, self._probe_every = 0, PROBE_EVERY
             return k
