@@ -384,7 +384,9 @@ def corpus_options(f):
               help="Where the target's answers are kept (resumable) [default: beside --out]")
 @answering_options
 @corpus_options
-@click.option("--layers", type=click.IntRange(1), default=None, help="Draft layers [default: 4, or --init's]")
+@click.option("--layers", type=click.IntRange(1), default=None,
+              help="Draft layers [default: 4, or --init's]; with --init, more than its own deepens it (new layers "
+                   "start as no-ops)")
 @click.option("--init", "init", type=click.Path(exists=True, file_okay=False), default=None,
               help="Go on training a draft distilled before (its .hf checkpoint folder, written beside its GGUF) "
                    "instead of starting a new one")
@@ -405,20 +407,20 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     The target answers the training prompts through edgespec (exactly its own distribution), a
     teacher-forced pass records its top-32 logits per position, and a draft of --layers layers, started
     from the target's embeddings and evenly spaced layers, is trained against them on this machine
-    (CPU, or CUDA/MPS when torch has them). The summary is also written beside --out (.distill.json).
+    (CPU, or CUDA/MPS when torch has them). --init goes on training a draft distilled before; with more
+    --layers than it has, it is deepened first (new layers start as no-ops). The summary, held-out agreement
+    per category included, is also written beside --out (.distill.json).
     """
     from edgespec.bench import read_prompts
     from edgespec.models.distill import distill as run
     from edgespec.models.distill import read_train_prompts
 
-    if init and layers is not None:
-        raise click.UsageError("--init goes on training a draft with its own layers: leave out --layers")
     prompts = [] if only_prompts else read_train_prompts()
     if prompts_file:
         prompts += read_prompts(prompts_file)
     elif only_prompts:
         raise click.UsageError("--only-prompts needs --prompts FILE")
-    summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers or 4, epochs=epochs,
+    summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
                   progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
                   init=init, lr=lr)
@@ -430,6 +432,8 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     click.echo(f"held-out top-1 agreement with the target: {summary['training']['initial_agreement']:.3f} before, "
                f"{last['held_out_agreement']:.3f} after training; corpus {summary['corpus_positions']} positions "
                f"({summary['corpus_seconds']:.0f} s), training {summary['train_seconds']:.0f} s")
+    click.echo("held-out agreement by category: "
+               + ", ".join(f"{cat} {a:.3f}" for cat, a in last["held_out_by_category"].items()))
     click.echo(f"use: edgespec chat --draft {summary['draft']}")
 
 

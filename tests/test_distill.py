@@ -312,6 +312,9 @@ def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
 def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_path):
     """--init: the second run starts where the first ended (its held-out loss before training is the first's
     after), and a checkpoint that is not a draft of this target is refused before any corpus is written."""
+    import subprocess
+    import sys
+
     from edgespec.errors import EdgespecError
     from edgespec.export import export
     from edgespec.models.distill import distill
@@ -326,6 +329,46 @@ def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_pa
     assert second["init"] == str(tmp_path / "a.hf") and second["layers_from_target"] is None
     assert second["initial_loss"] == pytest.approx(first["epochs"][-1]["held_out_loss"], abs=2e-3)
     assert second["initial_loss"] < first["initial_loss"]
+    # deepened: the new layer starts as a no-op, so training starts where the first run ended
+    deeper = distill(target, tmp_path / "e.gguf", init=tmp_path / "a.hf", n_layers=2, **common)["training"]
+    assert deeper["grown"] == [0, "new"]
+    last = deeper["epochs"][-1]  # one category: its agreement is the whole
+    assert last["held_out_by_category"] == {"chat": last["held_out_agreement"]}
+    assert deeper["initial_loss"] == pytest.approx(first["epochs"][-1]["held_out_loss"], abs=2e-3)
+    # and through the CLI, which says where the draft stands per category
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    result = subprocess.run([  # a process of its own: the GGUF converter needs real file descriptors
+        sys.executable, "-m", "edgespec.cli", "distill", "--target", str(target), "--source", str(soft_checkpoint),
+        "--out", str(tmp_path / "f.gguf"), "--prompts", str(prompts_file), "--only-prompts",
+        "--corpus", str(tmp_path / "c.corpus"), "--init", str(tmp_path / "a.hf"), "--layers", "2",
+        "--epochs", "1", "--max-tokens", "16", "--lr", "3e-3"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "held-out agreement by category: chat " in result.stdout
+    cli_run = json.loads((tmp_path / "f.gguf.distill.json").read_text())
+    assert cli_run["training"]["grown"] == [0, "new"] and cli_run["export"]["quant"] == "q8_0"
     with pytest.raises(EdgespecError, match="3 layers, the target 3: not a draft"):
         distill(target, tmp_path / "d.gguf", init=soft_checkpoint, **{**common, "corpus": tmp_path / "d.corpus"})
+    with pytest.raises(EdgespecError, match="--layers 3 with --init deepens the draft: give 1 .its own. to 2"):
+        distill(target, tmp_path / "d.gguf", init=tmp_path / "a.hf", n_layers=3,
+                **{**common, "corpus": tmp_path / "d.corpus"})
     assert not (tmp_path / "d.corpus").exists() and not (tmp_path / "d.gguf").exists()
+
+
+def test_a_grown_draft_computes_what_it_computed_until_trained(soft_checkpoint):
+    """New layers go between the old ones as copies with zeroed output projections: the same logits at once,
+    and a training step moves them (their zeroed projections get gradients)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from edgespec.models.distill import grow
+
+    model = LlamaForCausalLM.from_pretrained(soft_checkpoint, dtype=torch.float32)
+    grown, layout = grow(model, 7)
+    assert layout == [0, "new", "new", 1, "new", "new", 2] and grown.config.num_hidden_layers == 7
+    ids = torch.randint(0, 49152, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(grown.model.layers[3].mlp.up_proj.weight, model.model.layers[1].mlp.up_proj.weight)
+    grown(ids).logits.logsumexp(-1).sum().backward()
+    assert grown.model.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0

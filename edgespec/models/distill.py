@@ -75,9 +75,10 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_h
               "tie_word_embeddings")
 
 
-def check_init(init: Path, source: Path) -> None:
+def check_init(init: Path, source: Path, n_layers: int | None = None) -> None:
     """A draft distilled before (its Hugging Face checkpoint) may go on training only if it is a Llama of the
-    source's shapes with fewer layers; said before any corpus is built."""
+    source's shapes with fewer layers, and be deepened (n_layers) only to fewer layers than the source's;
+    said before any corpus is built."""
     _, transformers = _torch()
     if not (init / "config.json").is_file():
         raise EdgespecError(f"--init needs a distilled draft's checkpoint folder (the .hf beside its GGUF); "
@@ -94,13 +95,52 @@ def check_init(init: Path, source: Path) -> None:
     if config.num_hidden_layers >= target.num_hidden_layers:
         raise EdgespecError(f"--init {init} has {config.num_hidden_layers} layers, the target "
                             f"{target.num_hidden_layers}: not a draft")
+    if n_layers is not None and not config.num_hidden_layers <= n_layers < target.num_hidden_layers:
+        raise EdgespecError(f"--layers {n_layers} with --init deepens the draft: give {config.num_hidden_layers} "
+                            f"(its own) to {target.num_hidden_layers - 1} (one fewer than the target's)")
 
 
-def resume_draft(init: Path, source: Path):
-    """The draft at init, checked against the source, to train on."""
+def resume_draft(init: Path, source: Path, n_layers: int | None = None):
+    """The draft at init, checked against the source, to train on; deepened to n_layers where that is more
+    than its own (see grow). Returns (draft, the layers it kept and where new ones went, or None)."""
     torch, transformers = _torch()
-    check_init(init, source)
-    return transformers.LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32)
+    check_init(init, source, n_layers)
+    draft = transformers.LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32)
+    if n_layers is None or n_layers == draft.config.num_hidden_layers:
+        return draft, None
+    return grow(draft, n_layers)
+
+
+def grow(draft, n_layers: int):
+    """The draft deepened to n_layers computing exactly what it computed: each new layer, spread evenly
+    between the old ones, is a copy of the layer before it with its output projections (attention's o_proj,
+    the MLP's down_proj) zeroed, so it adds nothing to the residual stream until training moves it; its
+    other weights start from its neighbour's rather than from noise. Returns (model, layout): layout names
+    each layer's origin, an old index or "new"."""
+    torch, transformers = _torch()
+    old = draft.config.num_hidden_layers
+    added = n_layers - old
+    after = [max(0, round((i + 1) * old / (added + 1)) - 1) for i in range(added)]  # the old layer before each
+    layout, copy_of = [], []
+    for j in range(old):
+        layout += [j] + ["new"] * after.count(j)
+        copy_of += [j] * (1 + after.count(j))
+    config = draft.config.__class__.from_dict(draft.config.to_dict())
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[0]] * n_layers
+    grown = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        grown.model.embed_tokens.weight.copy_(draft.model.embed_tokens.weight)
+        grown.model.norm.weight.copy_(draft.model.norm.weight)
+        if not config.tie_word_embeddings:
+            grown.lm_head.weight.copy_(draft.lm_head.weight)
+        for layer, origin, j in zip(grown.model.layers, layout, copy_of, strict=True):
+            layer.load_state_dict(draft.model.layers[j].state_dict())
+            if origin == "new":
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    return grown, layout
 
 
 def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
@@ -119,8 +159,8 @@ def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
 
 
 def _loss(torch, draft, batch: list[Sequence], device):
-    """Mean over answer positions of -sum_k p_k log q(k); also the count of positions whose draft top-1
-    equals the target's top-1 (teacher-forced greedy agreement)."""
+    """Mean over answer positions of -sum_k p_k log q(k); also, per answer position in batch order, whether
+    the draft's top-1 equals the target's (teacher-forced greedy agreement)."""
     longest = max(len(s.tokens) for s in batch)
     ids = torch.zeros((len(batch), longest), dtype=torch.long)
     mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -133,16 +173,16 @@ def _loss(torch, draft, batch: list[Sequence], device):
     top_ids = torch.from_numpy(np.concatenate([s.topk_ids for s in batch]).astype(np.int64)).to(device)  # [N, K]
     p = torch.from_numpy(np.exp(np.concatenate([s.topk_logits - s.lse[:, None] for s in batch]))).to(device)
     loss = -(p * logq.gather(1, top_ids)).sum(dim=1).mean()
-    agree = int((logq.argmax(dim=1) == top_ids[:, 0]).sum())
-    return loss, agree, len(rows)
+    return loss, logq.argmax(dim=1) == top_ids[:, 0]
 
 
-def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int = 3, lr: float = 3e-4,
+def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, epochs: int = 3, lr: float = 3e-4,
           batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
           progress: bool = True, init: Path | None = None):
     """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement.
 
-    init: a draft distilled before goes on training (n_layers is then its own) instead of a new one."""
+    n_layers: the new draft's layers (4 when None); init: a draft distilled before goes on training instead of
+    a new one, deepened to n_layers where that is given and more than its own (see grow)."""
     torch, _ = _torch()
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -150,10 +190,12 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
     if init is not None:
-        draft, picks = resume_draft(Path(init), source), None
-        n_layers = draft.config.num_hidden_layers
+        draft, grown = resume_draft(Path(init), source, n_layers)
+        picks, n_layers = None, draft.config.num_hidden_layers
     else:
-        draft, picks = init_draft(source, n_layers)
+        grown = None
+        draft, picks = init_draft(source, n_layers or 4)
+        n_layers = n_layers or 4
     draft.to(device)
     if not train_embeddings:
         draft.model.embed_tokens.weight.requires_grad_(False)
@@ -163,30 +205,43 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
     steps = epochs * sum(1 for _ in _batches(train_seqs, batch_tokens, np.random.default_rng(0)))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))))
-    report = {"layers_from_target": picks, "init": str(init) if init is not None else None,
+    report = {"layers_from_target": picks, "init": str(init) if init is not None else None, "grown": grown,
               "train_sequences": len(train_seqs), "held_out_sequences": len(held), "epochs": [], "device": device}
 
-    def evaluate() -> tuple[float, float]:
-        """Held-out (cross-entropy to the target, top-1 agreement with it)."""
+    def evaluate() -> tuple[float, float, dict[str, float]]:
+        """Held-out (cross-entropy to the target, top-1 agreement with it, that agreement per category)."""
         draft.eval()
-        agree = total = 0
+        hits: dict[str, list[int]] = {}  # category: [agreeing positions, positions]
         loss = 0.0
         with torch.no_grad():
             for batch in _batches(held, batch_tokens, np.random.default_rng(0)):
-                batch_loss, a, n = _loss(torch, draft, batch, device)
-                agree, total, loss = agree + a, total + n, loss + float(batch_loss) * n
+                batch_loss, agree = _loss(torch, draft, batch, device)
+                loss += float(batch_loss) * len(agree)
+                start = 0
+                for s in batch:
+                    n = len(s.tokens) - s.n_prompt
+                    count = hits.setdefault(s.cat or "-", [0, 0])
+                    count[0] += int(agree[start:start + n].sum())
+                    count[1] += n
+                    start += n
         draft.train()
-        return (loss / total, agree / total) if total else (float("nan"), float("nan"))
+        total = sum(n for _, n in hits.values())
+        if not total:
+            return float("nan"), float("nan"), {}
+        return (loss / total, sum(a for a, _ in hits.values()) / total,
+                {cat: round(a / n, 4) for cat, (a, n) in sorted(hits.items())})
 
-    loss0, agree0 = evaluate()
+    loss0, agree0, by_category0 = evaluate()
     report["initial_loss"], report["initial_agreement"] = round(loss0, 4), round(agree0, 4)
-    start = f"from {init}" if init is not None else f"target layers {picks}"
+    report["initial_by_category"] = by_category0
+    start = f"target layers {picks}" if init is None else f"from {init}" if grown is None else \
+        f"from {init}, new layers where 'new' stands in {grown}"
     say(progress, f"draft of {n_layers} layers ({start}); held-out top-1 agreement {agree0:.3f} before training")
     step = 0
     for epoch in range(epochs):
         t0, losses = time.perf_counter(), []
         for batch in _batches(train_seqs, batch_tokens, rng):
-            loss, _, _ = _loss(torch, draft, batch, device)
+            loss, _ = _loss(torch, draft, batch, device)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -196,9 +251,10 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int = 4, epochs: int 
             step += 1
             if progress and step % 20 == 0:
                 say(progress, f"  epoch {epoch + 1} step {step}/{steps} loss {np.mean(losses[-20:]):.3f}")
-        held_loss, held_agree = evaluate()
+        held_loss, held_agree, by_category = evaluate()
         entry = {"epoch": epoch + 1, "loss": round(float(np.mean(losses)), 4), "held_out_loss": round(held_loss, 4),
-                 "held_out_agreement": round(held_agree, 4), "seconds": round(time.perf_counter() - t0, 1)}
+                 "held_out_agreement": round(held_agree, 4), "held_out_by_category": by_category,
+                 "seconds": round(time.perf_counter() - t0, 1)}
         report["epochs"].append(entry)
         say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out top-1 agreement "
                        f"{entry['held_out_agreement']:.3f} ({entry['seconds']:.0f} s)")
@@ -219,7 +275,7 @@ def save_checkpoint(model, source: Path, out: Path) -> Path:
 
 
 def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source: str | os.PathLike | None = None,
-            prompts: list[dict] | None = None, corpus: str | os.PathLike | None = None, n_layers: int = 4,
+            prompts: list[dict] | None = None, corpus: str | os.PathLike | None = None, n_layers: int | None = None,
             epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
             answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
@@ -229,7 +285,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
 
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
     answering model speculates with (see build_corpus); also_corpora: finished corpora of the same target
-    trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft."""
+    trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft
+    (deepened to n_layers where given); n_layers: 4 for a new draft when None."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
@@ -250,7 +307,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     check_also(corpus, also_corpora)
     if init is not None:
         init = Path(init)
-        check_init(init, src.path)
+        check_init(init, src.path, n_layers)
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
