@@ -372,3 +372,28 @@ def test_a_grown_draft_computes_what_it_computed_until_trained(soft_checkpoint):
     torch.testing.assert_close(grown.model.layers[3].mlp.up_proj.weight, model.model.layers[1].mlp.up_proj.weight)
     grown(ids).logits.logsumexp(-1).sum().backward()
     assert grown.model.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_a_refused_export_keeps_the_trained_draft_and_its_report(soft_checkpoint, tmp_path, monkeypatch):
+    """Training done, export refused (a parity check, say): the checkpoint and its training report stay, the
+    error says how to export it, and no draft GGUF is written."""
+    from edgespec import export as export_module
+    from edgespec.export import export
+    from edgespec.models.distill import distill
+
+    target = tmp_path / "target.gguf"
+    export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
+
+    def refuse(*args, **kwargs):
+        raise EdgespecError("parity check failed for q8_0: top-1 agreement 0.9 < 0.95")
+
+    monkeypatch.setattr(export_module, "export_source", refuse)
+    prompts = [{"cat": "math", "prompt": f"What is {i} times 7?"} for i in range(4)]
+    said = r"(?s)parity check failed.*kept: .*d\.hf.*edgespec export .*d\.hf --to gguf"
+    with pytest.raises(EdgespecError, match=said):
+        distill(target, tmp_path / "d.gguf", source=soft_checkpoint, prompts=prompts, n_layers=1, epochs=1,
+                max_tokens=8, progress=False, holdout=0.25)
+    report = json.loads((tmp_path / "d.hf" / "distill.json").read_text())
+    assert report["export"] is None and report["training"]["epochs"][0]["held_out_by_category"].keys() == {"math"}
+    assert not (tmp_path / "d.gguf").exists()

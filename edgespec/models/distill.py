@@ -320,12 +320,19 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
                           init=init, **train_kwargs)
     train_s = time.perf_counter() - t0
     checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
-    exported = export_source(Source("hf", checkpoint, str(checkpoint)), "gguf", quant, out, progress=progress)
     summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
                "answered_by": manifest["settings"].get("answerer") or "target",
                "corpus_positions": manifest["positions"], "corpus_seconds": round(corpus_s, 1),
                "also_corpora": [str(c) for c in also_corpora], "train_positions": sum(len(s.lse) for s in seqs),
-               "train_seconds": round(train_s, 1), "training": report, "export": exported}
+               "train_seconds": round(train_s, 1), "training": report, "export": None}
+    # the training's record stays with the checkpoint, so an export refused after hours of training loses nothing
+    (checkpoint / "distill.json").write_text(json.dumps(summary, indent=2, default=str))
+    try:
+        summary["export"] = export_source(Source("hf", checkpoint, str(checkpoint)), "gguf", quant, out,
+                                          progress=progress)
+    except EdgespecError as e:
+        raise EdgespecError(f"{e}\nthe trained draft is kept: {checkpoint} (training report: distill.json in it); "
+                            f"export it with: edgespec export {checkpoint} --to gguf --quant {quant}") from e
     if onnx_out:
         summary["onnx"] = export_source(Source("hf", checkpoint, str(checkpoint)), "onnx", "fp32", onnx_out,
                                         progress=progress)
