@@ -26,6 +26,7 @@ from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.subset_draft import SubsetDraft, read_subset
 from edgespec.runtime.text import render_chat
 
 # "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
@@ -301,7 +302,11 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
         return drafter, None, drafter.measure_cost()
     # a draft model reads a window of recent tokens, and needs room for what it drafts
     draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
-    backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
+    if Path(draft).suffix.lower() == ".gguf" and read_subset(draft) is not None:
+        # drafts from the subset its file carries (edgespec draft-vocab); on the CPU, as llama.cpp vector input
+        backend = SubsetDraft(draft, n_ctx=draft_ctx, n_threads=threads, kv_type=settings.get("kv_type", "f16"))
+    else:
+        backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
     try:
         return ModelDrafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
     except BaseException:

@@ -11,6 +11,7 @@ import click
 from edgespec import __version__
 from edgespec.api import AUTO_DRAFT, DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, auto_draft, heads_kind, inner_draft, load
 from edgespec.errors import EdgespecError
+from edgespec.models.eagle import SUBSET_SIZE
 
 
 class _Group(click.Group):
@@ -398,10 +399,13 @@ def corpus_options(f):
 @click.option("--quant", default="q8_0", show_default=True, help="GGUF type of the draft (see edgespec export)")
 @click.option("--onnx", "onnx_out", type=click.Path(file_okay=False), default=None,
               help="Also export the draft to ONNX (fp32) in this folder")
+@click.option("--draft-vocab", "vocab_size", type=click.IntRange(0), default=SUBSET_SIZE, show_default=True,
+              help="The GGUF drafts from this many of the answers' most probable tokens (a narrower output layer, a "
+                   "cheaper step; see edgespec draft-vocab); 0: from the whole vocabulary")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
-            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, seed, as_json):
+            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, seed, as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -423,7 +427,7 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
                   progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
-                  init=init, lr=lr)
+                  init=init, lr=lr, vocab_size=vocab_size)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -434,7 +438,36 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
                f"({summary['corpus_seconds']:.0f} s), training {summary['train_seconds']:.0f} s")
     click.echo("held-out agreement by category: "
                + ", ".join(f"{cat} {a:.3f}" for cat, a in last["held_out_by_category"].items()))
+    if summary.get("draft_vocab"):
+        click.echo(_vocab_line(summary["draft_vocab"]))
     click.echo(f"use: edgespec chat --draft {summary['draft']}")
+
+
+def _vocab_line(summary: dict) -> str:
+    return (f"drafts from {summary['tokens']} tokens, {100 * summary['answer_tokens_covered']:.1f} % of the "
+            "target's answer tokens in the corpus")
+
+
+@main.command("draft-vocab")
+@click.argument("draft", type=click.Path(dir_okay=False))
+@click.option("--corpus", required=True, type=click.Path(file_okay=False),
+              help="The target's answers (a corpus from edgespec distill or train-heads)")
+@click.option("--also-corpus", "also_corpora", multiple=True, type=click.Path(file_okay=False),
+              help="Another finished corpus of the same target (repeatable)")
+@click.option("--tokens", "size", type=click.IntRange(1), default=SUBSET_SIZE, show_default=True,
+              help="How many of the answers' most probable tokens the draft keeps")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The draft GGUF to write")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
+def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
+    """Make a draft model (GGUF) draft from the tokens the target emits: a copy whose output layer keeps the --tokens
+    tokens most probable in the target's answers, a cheaper step for a small draft. The output stays the
+    target's exactly (tokens off the subset get draft probability 0, which the rule allows for); the draft reads
+    every token as before. Use the copy as any draft: edgespec chat --draft OUT."""
+    from edgespec.models.corpus import read_corpora
+    from edgespec.models.distill import draft_vocab
+
+    summary = draft_vocab(draft, out, read_corpora(corpus, list(also_corpora)), size)
+    click.echo(json.dumps(summary, indent=2) if as_json else f"{summary['draft']}: {_vocab_line(summary)}")
 
 
 @main.command("train-heads")

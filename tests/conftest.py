@@ -70,3 +70,14 @@ def default_corpus(default_gguf, tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "default"
     build_corpus(default_gguf, CORPUS_PROMPTS, out, max_tokens=12, hidden=True, shard_size=2, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def subset_gguf(q4_0_gguf, tmp_path_factory):
+    """The Q4_0 draft drafting from the vocabulary's first 8192 ids (a BPE vocabulary's most frequent tokens come
+    first), as edgespec draft-vocab writes it."""
+    import numpy as np
+
+    from edgespec.runtime.subset_draft import write_subset
+
+    return write_subset(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-s8k.gguf", np.arange(8192))

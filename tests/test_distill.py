@@ -267,6 +267,7 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     from edgespec.api import load
     from edgespec.export import export
     from edgespec.models.distill import distill
+    from edgespec.runtime.subset_draft import SubsetDraft
 
     tiny_checkpoint = soft_checkpoint
     target = tmp_path / "target.gguf"
@@ -279,7 +280,10 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
     assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
     assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")
+    # the GGUF drafts from the answers' most probable tokens (8192 hold every token of these short answers)
+    assert summary["draft_vocab"]["answer_tokens_covered"] == 1.0
     engine = load(target, tmp_path / "draft.gguf", n_ctx=256)
+    assert isinstance(engine.draft_backend, SubsetDraft)
     base = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=0)
     spec = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=3)
     assert spec.tokens == base.tokens and spec.stats.drafted > 0

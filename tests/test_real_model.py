@@ -29,6 +29,14 @@ def model_engine(default_gguf, q4_0_gguf):
 
 
 @pytest.fixture(scope="session")
+def subset_engine(default_gguf, subset_gguf):
+    """A draft drafting from a subset of the vocabulary: draft probability 0 on every other token."""
+    engine = edgespec.load(default_gguf, subset_gguf, n_ctx=1024)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
 def lookup_engine(default_gguf, q4_0_gguf):
     engine = edgespec.load(default_gguf, f"ngram+{q4_0_gguf}", n_ctx=1024)
     yield engine
@@ -36,7 +44,7 @@ def lookup_engine(default_gguf, q4_0_gguf):
 
 
 @pytest.mark.parametrize("draft_max", [None, 4])
-@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "lookup_engine"])
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "subset_engine", "lookup_engine"])
 def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draft_max):
     engine = request.getfixturevalue(engine_name)
     drafted = accepted = looked_up = 0
@@ -62,7 +70,7 @@ def first_tokens(engine, prompt, seeds, draft_max):
     return out
 
 
-@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "lookup_engine"])
+@pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "subset_engine", "lookup_engine"])
 def test_temperature_one_first_tokens_match_target_only(request, engine_name):
     """Two-sample test on the first two generated tokens over 300 seeds, target-only vs speculative."""
     engine = request.getfixturevalue(engine_name)

@@ -25,6 +25,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.export.files import say
 from edgespec.models.corpus import Sequence, holdout_split
+from edgespec.models.eagle import SUBSET_SIZE, answer_subset
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -280,13 +281,14 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
             answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
             also_corpora: list[str | os.PathLike] = (), init: str | os.PathLike | None = None,
-            **train_kwargs) -> dict:
+            vocab_size: int = SUBSET_SIZE, **train_kwargs) -> dict:
     """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary.
 
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
     answering model speculates with (see build_corpus); also_corpora: finished corpora of the same target
     trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft
-    (deepened to n_layers where given); n_layers: 4 for a new draft when None."""
+    (deepened to n_layers where given); n_layers: 4 for a new draft when None; vocab_size: the GGUF drafts from
+    that many of the answers' most probable tokens (draft_vocab), 0 from the whole vocabulary."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
@@ -333,11 +335,36 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     except EdgespecError as e:
         raise EdgespecError(f"{e}\nthe trained draft is kept: {checkpoint} (training report: distill.json in it); "
                             f"export it with: edgespec export {checkpoint} --to gguf --quant {quant}") from e
+    if vocab_size:
+        summary["draft_vocab"] = draft_vocab(out, out, seqs, vocab_size)
     if onnx_out:
         summary["onnx"] = export_source(Source("hf", checkpoint, str(checkpoint)), "onnx", "fp32", onnx_out,
                                         progress=progress)
     (out.with_name(out.name + ".distill.json")).write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Sequence], size: int) -> dict:
+    """A copy of the draft GGUF at out that drafts from the `size` tokens the target's answers in seqs make most
+    probable (runtime/subset_draft.py); returns what it kept: the subset's size and the share of the answers'
+    tokens in it (the most a draft can match)."""
+    from edgespec.runtime.llama_backend import LlamaTokenizer
+    from edgespec.runtime.subset_draft import read_subset, write_subset
+
+    if size < 1:
+        raise EdgespecError(f"a draft vocabulary needs at least one token, got {size}")
+    if not seqs:
+        raise EdgespecError("the corpus has no answers to choose the draft's tokens from")
+    tokenizer = LlamaTokenizer(draft)
+    n_vocab = tokenizer.vocab.n_vocab
+    tokenizer.close()
+    if any(int(s.tokens.max()) >= n_vocab for s in seqs):
+        raise EdgespecError(f"the corpus has token ids past the draft's {n_vocab}: it comes from another target")
+    write_subset(draft, out, answer_subset(seqs, n_vocab, size))
+    subset = read_subset(out)
+    answers = np.concatenate([s.tokens[s.n_prompt:] for s in seqs])
+    return {"draft": str(out), "from": str(draft), "tokens": len(subset),
+            "answer_tokens_covered": round(float(np.isin(answers, subset).mean()), 4)}
 
 
 def _default_source(target: Path):

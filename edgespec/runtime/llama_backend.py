@@ -72,6 +72,74 @@ class _LlamaHandles:
             pass
 
 
+def _read_vocab(v) -> Vocab:
+    """The Vocab of a llama.cpp vocabulary handle."""
+    lib = _llama
+    n = lib.llama_vocab_n_tokens(v)
+    buf = ctypes.create_string_buffer(256)
+    pieces = []
+    for i in range(n):
+        size = lib.llama_token_to_piece(v, i, buf, len(buf), 0, False)
+        if size < 0:  # longer than the buffer: ask again with the size it reported
+            big = ctypes.create_string_buffer(-size)
+            size = lib.llama_token_to_piece(v, i, big, len(big), 0, False)
+            pieces.append(big.raw[:size])
+        else:
+            pieces.append(buf.raw[:size])
+    return Vocab(
+        texts=tuple(lib.llama_vocab_get_text(v, i) or b"" for i in range(n)),
+        pieces=tuple(pieces),
+        bos_id=lib.llama_vocab_bos(v),
+        eos_id=lib.llama_vocab_eos(v),
+        eog_ids=frozenset(i for i in range(n) if lib.llama_vocab_is_eog(v, i)),
+    )
+
+
+def _tokenize(v, text: str, special: bool) -> list[int]:
+    raw = text.encode("utf-8")
+    cap = len(raw) + 8
+    buf = (_llama.llama_token * cap)()
+    n = _llama.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
+    if n < 0:
+        cap = -n
+        buf = (_llama.llama_token * cap)()
+        n = _llama.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
+    return list(buf[:n])
+
+
+class LlamaTokenizer:
+    """The vocabulary and chat template of a GGUF, loaded without its weights (llama.cpp's vocab_only)."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = check_gguf_file(path)
+        lib = _lib()
+        mparams = lib.llama_model_default_params()
+        mparams.vocab_only = True
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not read the vocabulary of {path}: the GGUF is corrupt or truncated")
+        self._vocab_p = lib.llama_model_get_vocab(self._model)
+        self.vocab = _read_vocab(self._vocab_p)
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return _tokenize(self._vocab_p, text, special)
+
+    def chat_template(self) -> str | None:
+        tmpl = _llama.llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            _llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class LlamaBackend(_LlamaHandles):
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
@@ -116,7 +184,7 @@ class LlamaBackend(_LlamaHandles):
         self.n_batch = lib.llama_n_batch(self._ctx)
         self.n_threads = n_threads
         self.kv_type, self.n_gpu_layers = kv_type, n_gpu_layers
-        self.vocab = self._read_vocab()
+        self.vocab = _read_vocab(self._vocab_p)
         self.tokens: list[int] = []
         self.hidden = hidden
         self.n_embd = lib.llama_model_n_embd(self._model)
@@ -124,27 +192,6 @@ class LlamaBackend(_LlamaHandles):
         self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
         self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
         self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
-
-    def _read_vocab(self) -> Vocab:
-        lib, v = _llama, self._vocab_p
-        n = lib.llama_vocab_n_tokens(v)
-        buf = ctypes.create_string_buffer(256)
-        pieces = []
-        for i in range(n):
-            size = lib.llama_token_to_piece(v, i, buf, len(buf), 0, False)
-            if size < 0:  # longer than the buffer: ask again with the size it reported
-                big = ctypes.create_string_buffer(-size)
-                size = lib.llama_token_to_piece(v, i, big, len(big), 0, False)
-                pieces.append(big.raw[:size])
-            else:
-                pieces.append(buf.raw[:size])
-        return Vocab(
-            texts=tuple(lib.llama_vocab_get_text(v, i) or b"" for i in range(n)),
-            pieces=tuple(pieces),
-            bos_id=lib.llama_vocab_bos(v),
-            eos_id=lib.llama_vocab_eos(v),
-            eog_ids=frozenset(i for i in range(n) if lib.llama_vocab_is_eog(v, i)),
-        )
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         lib = _llama
@@ -358,15 +405,7 @@ class LlamaBackend(_LlamaHandles):
         del self.tokens[n_past:]
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
-        raw = text.encode("utf-8")
-        cap = len(raw) + 8
-        buf = (_llama.llama_token * cap)()
-        n = _llama.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, special, special)
-        if n < 0:
-            cap = -n
-            buf = (_llama.llama_token * cap)()
-            n = _llama.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, special, special)
-        return list(buf[:n])
+        return _tokenize(self._vocab_p, text, special)
 
     def chat_template(self) -> str | None:
         tmpl = _llama.llama_model_chat_template(self._model, None)
@@ -394,11 +433,14 @@ class LlamaBackend(_LlamaHandles):
 
 class LlamaVectorModel(_LlamaHandles):
     """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
-    what an EAGLE head runs in (runtime/eagle.py). `forward` appends rows and returns, for its last n_out
-    rows, the output layer's logits and the final normed hidden state. The weights are read into memory
-    (no mmap), so the file may be deleted once the model is open."""
+    what an EAGLE head runs in (runtime/eagle.py), and a draft model drafting from a subset of the vocabulary
+    (runtime/subset_draft.py). `forward` appends rows and returns, for its last n_out
+    rows, the output layer's logits and (with hidden) the final normed hidden state. The weights are read into
+    memory (no mmap), so the file may be deleted once the model is open. kv_type: f32 (no rounding, flash
+    attention off: a head's one-layer cache) or one of KV_TYPES, as LlamaBackend."""
 
-    def __init__(self, path: str | os.PathLike, *, n_ctx: int, n_threads: int | None = None, n_ubatch: int = 32):
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int, n_threads: int | None = None, n_ubatch: int = 32,
+                 hidden: bool = True, kv_type: str = "f32"):
         path = check_gguf_file(path)
         lib = _lib()
         mparams = lib.llama_model_default_params()
@@ -417,9 +459,12 @@ class LlamaVectorModel(_LlamaHandles):
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
         cparams.no_perf = True
-        cparams.embeddings = True
-        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds through f16
-        cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32  # one layer's cache: small, and no f16 rounding
+        cparams.embeddings = self.hidden = hidden
+        if kv_type == "f32":  # a head's one-layer cache: small, and no f16 rounding
+            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds through f16
+            cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32
+        else:  # as LlamaBackend: a draft model's cache
+            cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -431,23 +476,30 @@ class LlamaVectorModel(_LlamaHandles):
         self.n = 0  # rows in the cache, at positions 0 .. n-1
         self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
 
-    def forward(self, vectors: np.ndarray, n_out: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Append rows vectors [T, E]; logits [n_out, V] and hidden states [n_out, E] of the last n_out."""
+    def forward(self, vectors: np.ndarray, n_out: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+        """Append rows vectors [T, E]; logits [n_out, V] and hidden states [n_out, E] (None without hidden) of
+        the last n_out."""
         lib, n = _llama, len(vectors)
-        if not 0 < n_out <= min(n, MAX_OUTPUTS) or self.n + n > self.n_ctx:
-            raise EdgespecError(f"head model: {n} rows with {n_out} outputs do not fit ({self.n} of {self.n_ctx} "
+        if not 0 <= n_out <= min(n, MAX_OUTPUTS) or self.n + n > self.n_ctx:
+            raise EdgespecError(f"vector model: {n} rows with {n_out} outputs do not fit ({self.n} of {self.n_ctx} "
                                 f"rows used, at most {MAX_OUTPUTS} outputs)")
         if n_out < n:  # with embeddings on llama.cpp outputs every row: run the others with them off
-            lib.llama_set_embeddings(self._ctx, False)
+            if self.hidden:
+                lib.llama_set_embeddings(self._ctx, False)
             try:
                 self._decode(vectors[:n - n_out], outputs=False)
             finally:
-                lib.llama_set_embeddings(self._ctx, True)
-        self._decode(vectors[n - n_out:], outputs=True)
-        logits = np.stack([np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
-                           for j in range(n_out)])
+                if self.hidden:
+                    lib.llama_set_embeddings(self._ctx, True)
+        if n_out:
+            self._decode(vectors[n - n_out:], outputs=True)
+        logits = np.empty((n_out, self.n_vocab), dtype=np.float32)  # [n_out, V]
+        for j in range(n_out):
+            logits[j] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
+        if not self.hidden:
+            return logits, None
         hidden = np.stack([np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j), shape=(self.n_embd,))
-                           for j in range(n_out)])
+                           for j in range(n_out)]) if n_out else np.empty((0, self.n_embd), dtype=np.float32)
         return logits, hidden
 
     def _decode(self, vectors: np.ndarray, *, outputs: bool) -> None:
