@@ -361,6 +361,23 @@ def answering_options(f):
                              "the target only scores them [default: the target answers]")(f)
 
 
+def training_prompt_options(f):
+    """--prompts and --only-prompts: what the target answers for a corpus (distill, train-heads)."""
+    f = click.option("--only-prompts", is_flag=True, help="Use only --prompts, not the built-in training prompts")(f)
+    return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
+                        help="Your prompts (JSONL, {'cat': ..., 'prompt': ...}), added to the built-in training "
+                             "prompts")(f)
+
+
+def training_prompts(prompts_file: str | None, only: bool) -> list[dict]:
+    from edgespec.bench import read_prompts
+    from edgespec.models.distill import read_train_prompts
+
+    if only and not prompts_file:
+        raise click.UsageError("--only-prompts needs --prompts FILE")
+    return ([] if only else read_train_prompts()) + (read_prompts(prompts_file) if prompts_file else [])
+
+
 def corpus_options(f):
     """--temperature and --also-corpus: what a corpus's answers are, and which finished corpora train beside it."""
     f = click.option("--also-corpus", "also_corpora", multiple=True, type=click.Path(exists=True, file_okay=False),
@@ -378,9 +395,7 @@ def corpus_options(f):
               help="The target's Hugging Face checkpoint (folder or hub id): its tokenizer and weights start the "
                    "draft [default: rebuilt offline for the default model]")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="The draft GGUF to write")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
-              help="Your prompts (JSONL, {'cat': ..., 'prompt': ...}), added to the built-in training prompts")
-@click.option("--only-prompts", is_flag=True, help="Use only --prompts, not the built-in training prompts")
+@training_prompt_options
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers are kept (resumable) [default: beside --out]")
 @answering_options
@@ -415,15 +430,9 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     --layers than it has, it is deepened first (new layers start as no-ops). The summary, held-out agreement
     per category included, is also written beside --out (.distill.json).
     """
-    from edgespec.bench import read_prompts
     from edgespec.models.distill import distill as run
-    from edgespec.models.distill import read_train_prompts
 
-    prompts = [] if only_prompts else read_train_prompts()
-    if prompts_file:
-        prompts += read_prompts(prompts_file)
-    elif only_prompts:
-        raise click.UsageError("--only-prompts needs --prompts FILE")
+    prompts = training_prompts(prompts_file, only_prompts)
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
                   progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
@@ -483,8 +492,7 @@ def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
               help="Medusa heads (future positions)")
 @click.option("--steps", type=click.IntRange(1, 8), default=3, show_default=True,
               help="EAGLE: draft steps trained as they run (each from the head's own guesses)")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
-              help="Your prompts (JSONL), added to the built-in training prompts")
+@training_prompt_options
 @click.option("--corpus", type=click.Path(file_okay=False), default=None,
               help="Where the target's answers and states are kept (resumable; shared with distill)")
 @answering_options
@@ -496,17 +504,15 @@ def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds sampled answers and training")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, corpus, answerer, answer_draft, temperature,
-                    also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):
+def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, only_prompts, corpus, answerer, answer_draft,
+                    temperature, also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):
     """Train draft heads on the target's own answers and hidden states (no second model to run).
 
     Use them as the draft: edgespec chat --target T.gguf --draft HEADS.medusa.npz
     """
-    from edgespec.bench import read_prompts
-    from edgespec.models.distill import read_train_prompts
     from edgespec.models.heads import train_heads
 
-    prompts = read_train_prompts() + (read_prompts(prompts_file) if prompts_file else [])
+    prompts = training_prompts(prompts_file, only_prompts)
     extra = {"steps": steps} if kind == "eagle" else {}
     summary = train_heads(target, out, kind=kind, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs,
                           lr=lr or (1e-3 if kind == "eagle" else 3e-3), max_tokens=max_tokens,

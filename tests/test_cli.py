@@ -108,9 +108,23 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
     assert result.exit_code == 1 and "name the medusa heads file *.medusa.npz, e.g. heads.medusa.npz" in result.output
     result = runner.invoke(main, ["train-heads", "--kind", "eagle", "--out", str(tmp_path / "h.medusa.npz")])
     assert result.exit_code == 1 and "name the eagle heads file *.eagle.npz, e.g. h.eagle.npz" in result.output
-    result = runner.invoke(main, ["distill", "--out", str(tmp_path / "d.gguf"), "--only-prompts"])
-    assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
+    for command in (["distill", "--out", str(tmp_path / "d.gguf")],
+                    ["train-heads", "--out", str(tmp_path / "h.medusa.npz")]):
+        result = runner.invoke(main, [*command, "--only-prompts"])
+        assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_training_commands_answer_the_built_in_prompts_and_yours_or_yours_only(tmp_path):
+    from edgespec.cli import training_prompts
+    from edgespec.models.distill import read_train_prompts
+
+    mine = tmp_path / "p.jsonl"
+    mine.write_text('{"cat": "robot", "prompt": "Turn left."}\n')
+    built_in = read_train_prompts()
+    assert training_prompts(None, False) == built_in
+    assert training_prompts(str(mine), False) == [*built_in, {"cat": "robot", "prompt": "Turn left."}]
+    assert training_prompts(str(mine), True) == [{"cat": "robot", "prompt": "Turn left."}]
 
 
 def test_bench_compares_draft_kinds_side_by_side(runner, tmp_path, q4_0_gguf):
