@@ -11,6 +11,7 @@ import pytest
 import edgespec
 from edgespec.errors import EdgespecError
 from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.runtime.model_info import read_model_info
 from edgespec.runtime.subset_draft import SubsetDraft, read_subset, write_subset
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,12 @@ def test_a_subset_draft_computes_the_full_drafts_logits_on_its_tokens(q4_0_gguf,
     step = draft.forward([token], 1)[0]
     assert np.abs(step[~off] - full.forward([token], 1)[0][~off]).max() < 1e-3
     assert draft.tokens == full.tokens == [*ids, token]
-    assert 0 < draft.memory()["weights"] < full.memory()["weights"] + draft.embed([0]).nbytes * len(full.vocab.texts)
+    # what the planner reads from the file's header is what the loaded draft holds: the file's tensors and the
+    # subset's output rows; a step reads the layers and those rows only
+    info, full_info = read_model_info(subset_gguf), read_model_info(q4_0_gguf)
+    assert info.draft_vocab == len(draft.subset) and full_info.draft_vocab == 0
+    assert info.weight_bytes == draft.memory()["weights"] > full_info.weight_bytes
+    assert info.bytes_read_per_token() < full_info.bytes_read_per_token()
     draft.close()
     full.close()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.subset_draft import SUBSET_KEY
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ModelInfo:
     n_ctx_train: int
     tensors: tuple[Tensor, ...] = field(repr=False)
     kv_dtype_bytes: float = 2.0  # ONNX: the past key/values' element size; GGUF: chosen at load (f16 default)
+    draft_vocab: int = 0  # GGUF: the tokens a subset draft drafts from (runtime/subset_draft.py); 0: all
 
     @property
     def name(self) -> str:
@@ -51,7 +53,13 @@ class ModelInfo:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors)
+        """Bytes held: the file's tensors, and a subset draft's output rows besides (runtime/subset_draft.py: its
+        input embeddings stay whole, its output layer is a copy of the subset's rows)."""
+        return sum(t.n_bytes for t in self.tensors) + self._subset_rows_bytes()
+
+    def _subset_rows_bytes(self) -> int:
+        rows = next((t for t in self.tensors if t.name in ("output.weight", "token_embd.weight")), None)
+        return rows.n_bytes * self.draft_vocab // max(self.n_vocab, 1) if self.draft_vocab and rows else 0
 
     @property
     def tied_embeddings(self) -> bool:
@@ -59,7 +67,11 @@ class ModelInfo:
         return not any(t.name in ("output.weight", "lm_head.weight") for t in self.tensors)
 
     def bytes_read_per_token(self) -> int:
-        """Weight bytes one decode step reads: all, except an untied embedding table (one row is read)."""
+        """Weight bytes one decode step reads: all, except an untied embedding table (one row is read); a subset
+        draft reads its layers and the subset's output rows."""
+        if self.draft_vocab:
+            return sum(t.n_bytes for t in self.tensors if t.name not in ("output.weight", "token_embd.weight")) + (
+                self._subset_rows_bytes())
         if self.tied_embeddings:
             return self.weight_bytes
         return sum(t.n_bytes for t in self.tensors if not _is_embedding(t.name))
@@ -137,7 +149,10 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
             meta = {}
             for _ in range(n_kv):
                 key = c.string().decode("utf-8")
-                value = c.value(c.unpack("<I"), keep=False)
+                vtype = c.unpack("<I")
+                if key == SUBSET_KEY and vtype == _ARRAY:  # a subset draft: how many tokens, not which
+                    meta[key] = struct.unpack_from("<Q", mm, c.pos + 4)[0]
+                value = c.value(vtype, keep=False)
                 if value is not None:
                     meta[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
             table, data_end = [], 0
@@ -179,7 +194,7 @@ def read_gguf_info(path: Path) -> ModelInfo:
                      n_ff=get("feed_forward_length", 0), n_head=n_head,
                      n_head_kv=get("attention.head_count_kv", n_head),
                      head_dim=get("attention.key_length", n_embd // n_head), n_vocab=n_vocab,
-                     n_ctx_train=get("context_length", 0), tensors=tuple(tensors))
+                     n_ctx_train=get("context_length", 0), tensors=tuple(tensors), draft_vocab=meta.get(SUBSET_KEY, 0))
 
 
 # --- ONNX ------------------------------------------------------------------------------------------
