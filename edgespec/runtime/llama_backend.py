@@ -107,6 +107,11 @@ def _tokenize(v, text: str, special: bool) -> list[int]:
     return list(buf[:n])
 
 
+def _chat_template(model) -> str | None:
+    tmpl = _llama.llama_model_chat_template(model, None)
+    return tmpl.decode("utf-8") if tmpl else None
+
+
 class LlamaTokenizer:
     """The vocabulary and chat template of a GGUF, loaded without its weights (llama.cpp's vocab_only)."""
 
@@ -125,8 +130,7 @@ class LlamaTokenizer:
         return _tokenize(self._vocab_p, text, special)
 
     def chat_template(self) -> str | None:
-        tmpl = _llama.llama_model_chat_template(self._model, None)
-        return tmpl.decode("utf-8") if tmpl else None
+        return _chat_template(self._model)
 
     def close(self) -> None:
         if getattr(self, "_model", None):
@@ -408,8 +412,7 @@ class LlamaBackend(_LlamaHandles):
         return _tokenize(self._vocab_p, text, special)
 
     def chat_template(self) -> str | None:
-        tmpl = _llama.llama_model_chat_template(self._model, None)
-        return tmpl.decode("utf-8") if tmpl else None
+        return _chat_template(self._model)
 
     def memory(self) -> dict[str, int]:
         lib, m = _llama, self._model
@@ -434,9 +437,9 @@ class LlamaBackend(_LlamaHandles):
 class LlamaVectorModel(_LlamaHandles):
     """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
     what an EAGLE head runs in (runtime/eagle.py), and a draft model drafting from a subset of the vocabulary
-    (runtime/subset_draft.py). `forward` appends rows and returns, for its last n_out
-    rows, the output layer's logits and (with hidden) the final normed hidden state. The weights are read into
-    memory (no mmap), so the file may be deleted once the model is open. kv_type: f32 (no rounding, flash
+    (runtime/subset_draft.py). `forward` appends rows and returns, for its last n_out rows, the output layer's
+    logits and (with hidden) the final normed hidden state. The weights are read into memory (no mmap), so the
+    file may be deleted once the model is open. kv_type: f32 (no rounding, flash
     attention off: a head's one-layer cache) or one of KV_TYPES, as LlamaBackend."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int, n_threads: int | None = None, n_ubatch: int = 32,
