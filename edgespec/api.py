@@ -25,8 +25,9 @@ from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, P
 from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
+from edgespec.runtime.model_info import read_model_info
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.subset_draft import SubsetDraft, read_subset
+from edgespec.runtime.subset_draft import SubsetDraft
 from edgespec.runtime.text import render_chat
 
 # "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
@@ -237,7 +238,6 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
              measure_bandwidth: bool = True):
     """The memory plan for a target and a draft on a device profile (default: this machine) and/or within a
     budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See runtime.planner."""
-    from edgespec.runtime.model_info import read_model_info
     from edgespec.runtime.planner import make_plan, parse_size
     from edgespec.runtime.profiles import get_profile
 
@@ -302,7 +302,7 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
         return drafter, None, drafter.measure_cost()
     # a draft model reads a window of recent tokens, and needs room for what it drafts
     draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
-    if Path(draft).suffix.lower() == ".gguf" and read_subset(draft) is not None:
+    if Path(draft).suffix.lower() == ".gguf" and read_model_info(draft).draft_vocab:
         # drafts from the subset its file carries (edgespec draft-vocab); on the CPU, as llama.cpp vector input
         backend = SubsetDraft(draft, n_ctx=draft_ctx, n_threads=threads, kv_type=settings.get("kv_type", "f16"))
     else:

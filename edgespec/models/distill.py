@@ -348,16 +348,14 @@ def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Seq
     """A copy of the draft GGUF at out that drafts from the `size` tokens the target's answers in seqs make most
     probable (runtime/subset_draft.py); returns what it kept: the subset's size and the share of the answers'
     tokens in it (the most a draft can match)."""
-    from edgespec.runtime.llama_backend import LlamaTokenizer
+    from edgespec.runtime.model_info import read_model_info
     from edgespec.runtime.subset_draft import read_subset, write_subset
 
     if size < 1:
         raise EdgespecError(f"a draft vocabulary needs at least one token, got {size}")
     if not seqs:
         raise EdgespecError("the corpus has no answers to choose the draft's tokens from")
-    tokenizer = LlamaTokenizer(draft)
-    n_vocab = tokenizer.vocab.n_vocab
-    tokenizer.close()
+    n_vocab = read_model_info(draft).n_vocab  # from the header: write_subset reads the vocabulary itself
     if any(int(s.tokens.max()) >= n_vocab for s in seqs):
         raise EdgespecError(f"the corpus has token ids past the draft's {n_vocab}: it comes from another target")
     write_subset(draft, out, answer_subset(seqs, n_vocab, size))

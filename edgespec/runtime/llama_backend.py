@@ -57,6 +57,21 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 class _LlamaHandles:
     """A llama.cpp model, context and batch (`_model`, `_ctx`, `_batch`), freed once."""
 
+    def _held(self) -> dict[str, int]:
+        """Bytes of the weights and of a KV cache of n_ctx cells in kv_type."""
+        lib, m = _llama, self._model
+        block, size = KV_BLOCKS[self.kv_type]
+        kv_values = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * self._head_dim() * self.n_ctx
+        return {"weights": int(lib.llama_model_size(m)), "kv_cache": kv_values // block * size}
+
+    def _head_dim(self) -> int:
+        arch = ctypes.create_string_buffer(64)
+        _llama.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64)
+        key_length = ctypes.create_string_buffer(32)
+        if _llama.llama_model_meta_val_str(self._model, arch.value + b".attention.key_length", key_length, 32) > 0:
+            return int(key_length.value)
+        return _llama.llama_model_n_embd(self._model) // max(_llama.llama_model_n_head(self._model), 1)
+
     def close(self) -> None:
         """Free the context and the model; the object is unusable afterwards."""
         if getattr(self, "_ctx", None):
@@ -415,22 +430,7 @@ class LlamaBackend(_LlamaHandles):
         return _chat_template(self._model)
 
     def memory(self) -> dict[str, int]:
-        lib, m = _llama, self._model
-        block, size = KV_BLOCKS[self.kv_type]
-        kv_values = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * self._head_dim() * self.n_ctx
-        return {
-            "weights": int(lib.llama_model_size(m)),
-            "kv_cache": kv_values // block * size,
-            "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4,
-        }
-
-    def _head_dim(self) -> int:
-        arch = ctypes.create_string_buffer(64)
-        _llama.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64)
-        key_length = ctypes.create_string_buffer(32)
-        if _llama.llama_model_meta_val_str(self._model, arch.value + b".attention.key_length", key_length, 32) > 0:
-            return int(key_length.value)
-        return _llama.llama_model_n_embd(self._model) // max(_llama.llama_model_n_head(self._model), 1)
+        return {**self._held(), "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4}
 
 
 
@@ -463,6 +463,7 @@ class LlamaVectorModel(_LlamaHandles):
         cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
         cparams.no_perf = True
         cparams.embeddings = self.hidden = hidden
+        self.kv_type = kv_type
         if kv_type == "f32":  # a head's one-layer cache: small, and no f16 rounding
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds through f16
             cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32
@@ -527,10 +528,15 @@ class LlamaVectorModel(_LlamaHandles):
         _llama.llama_memory_seq_rm(self._mem, 0, n, -1)
         self.n = min(n, self.n)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of the weights and the KV cache."""
+        return self._held()
+
 
 
 KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
-KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
+KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),  # (values per block, bytes per block), ggml's
+             "f32": (1, 4)}  # LlamaVectorModel's default
 
 
 DEVICE_PREFIXES = (("cuda", "cuda"), ("mtl", "metal"), ("metal", "metal"), ("vulkan", "vulkan"))  # CUDA0, MTL0, ...

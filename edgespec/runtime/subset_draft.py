@@ -44,7 +44,11 @@ def _reader(path: str | os.PathLike):
 
 def read_subset(path: str | os.PathLike) -> np.ndarray | None:
     """The subset a draft GGUF carries (token ids [S], ascending), or None for a full-vocabulary draft."""
-    field = _reader(path).fields.get(SUBSET_KEY)
+    return _subset_of(_reader(path))
+
+
+def _subset_of(reader) -> np.ndarray | None:
+    field = reader.fields.get(SUBSET_KEY)
     return None if field is None else np.asarray(field.contents(), dtype=np.int64)
 
 
@@ -145,7 +149,7 @@ class SubsetDraft:
         self._tokenizer = LlamaTokenizer(path)
         self.vocab: Vocab = self._tokenizer.vocab
         if subset is None:
-            subset = read_subset(path)
+            subset = _subset_of(reader)
             if subset is None:
                 raise EdgespecError(f"{path} carries no draft subset: add one with edgespec draft-vocab")
         self.subset = check_subset(subset, self.vocab.n_vocab, self.vocab.eog_ids)  # [S]
@@ -189,14 +193,8 @@ class SubsetDraft:
         return self._tokenizer.chat_template()
 
     def memory(self) -> dict[str, int]:
-        from edgespec.runtime.llama_backend import KV_BLOCKS, _llama
-
-        m = self.model._model
-        block, size = KV_BLOCKS.get(self.kv_type, (1, 4))
-        head_dim = _llama.llama_model_n_embd(m) // max(_llama.llama_model_n_head(m), 1)
-        kv_values = _llama.llama_model_n_layer(m) * 2 * _llama.llama_model_n_head_kv(m) * head_dim * self.n_ctx
-        return {"weights": int(_llama.llama_model_size(m)) + self._embd_rows.nbytes,
-                "kv_cache": kv_values // block * size,
+        held = self.model.memory()  # the narrowed model and its cache; beside it, the input rows
+        return {**held, "weights": held["weights"] + self._embd_rows.nbytes,
                 "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4}
 
     def close(self) -> None:
