@@ -302,7 +302,7 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
         return drafter, None, drafter.measure_cost()
     # a draft model reads a window of recent tokens, and needs room for what it drafts
     draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
-    if Path(draft).suffix.lower() == ".gguf" and read_model_info(draft).draft_vocab:
+    if Path(draft).suffix.lower() == ".gguf" and Path(draft).is_file() and read_model_info(draft).draft_vocab:
         # drafts from the subset its file carries (edgespec draft-vocab); on the CPU, as llama.cpp vector input
         backend = SubsetDraft(draft, n_ctx=draft_ctx, n_threads=threads, kv_type=settings.get("kv_type", "f16"))
     else:

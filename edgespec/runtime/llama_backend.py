@@ -60,7 +60,7 @@ class _LlamaHandles:
     def _held(self) -> dict[str, int]:
         """Bytes of the weights and of a KV cache of n_ctx cells in kv_type."""
         lib, m = _llama, self._model
-        block, size = KV_BLOCKS[self.kv_type]
+        block, size = KV_BLOCKS.get(self.kv_type, (1, 4))  # or f32, a LlamaVectorModel's default
         kv_values = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * self._head_dim() * self.n_ctx
         return {"weights": int(lib.llama_model_size(m)), "kv_cache": kv_values // block * size}
 
@@ -535,8 +535,7 @@ class LlamaVectorModel(_LlamaHandles):
 
 
 KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
-KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),  # (values per block, bytes per block), ggml's
-             "f32": (1, 4)}  # LlamaVectorModel's default
+KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
 
 
 DEVICE_PREFIXES = (("cuda", "cuda"), ("mtl", "metal"), ("metal", "metal"), ("vulkan", "vulkan"))  # CUDA0, MTL0, ...
