@@ -105,7 +105,7 @@ def environment() -> dict:
     try:
         import llama_cpp
 
-        from edgespec.runtime.llama_backend import devices
+        from edgespec.runtime.llama_lib import devices
 
         info = llama_cpp.llama_print_system_info().decode()
         out["llama_cpp"] = {"version": llama_cpp.__version__, "system_info": info.strip(),

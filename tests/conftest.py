@@ -19,7 +19,7 @@ def default_gguf():
 @pytest.fixture(scope="session")
 def q4_0_gguf(default_gguf, tmp_path_factory):
     """A second GGUF of the default model (re-quantized to Q4_0): a real draft with the same vocabulary."""
-    from edgespec.runtime.llama_backend import quantize_gguf
+    from edgespec.runtime.llama_lib import quantize_gguf
 
     return quantize_gguf(default_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0.gguf", "q4_0")
 

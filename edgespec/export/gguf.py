@@ -95,7 +95,7 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
 def quantize(src: Path, dst: Path, quant: str, n_params: int, progress: bool) -> None:
     """llama.cpp's quantizer (it releases the GIL, so the bar's thread keeps running)."""
     from edgespec.export.progress import watch_file
-    from edgespec.runtime.llama_backend import partial_path, quantize_gguf
+    from edgespec.runtime.llama_lib import partial_path, quantize_gguf
 
     with watch_file(partial_path(dst), n_params * GGUF_QUANTS[quant] / 8, f"quantizing to {quant}", progress):
         quantize_gguf(src, dst, quant)

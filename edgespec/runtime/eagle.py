@@ -136,7 +136,7 @@ class GgmlHead:
                  n_threads: int | None, weight_type: str):
         import tempfile
 
-        from edgespec.runtime.llama_backend import LlamaVectorModel
+        from edgespec.runtime.llama_vectors import LlamaVectorModel
 
         self.fc_weight, self.fc_bias = weights["fc_weight"], weights["fc_bias"]
         with tempfile.TemporaryDirectory(prefix="edgespec-eagle-") as tmp:

@@ -1,4 +1,4 @@
-"""GGUF models through llama-cpp-python's low-level API (the only module that imports llama_cpp).
+"""GGUF models through llama-cpp-python's low-level API (llama_lib.py loads the library).
 
 One model, one context, one sequence. `forward` builds a llama_batch that asks for logits only at
 the positions the caller needs, and the context's output buffer is capped at MAX_OUTPUTS rows, so
@@ -10,74 +10,40 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
-
-GGUF_MAGIC = b"GGUF"
-
-_llama = None  # the llama_cpp module, imported on first use
+from edgespec.runtime.llama_lib import KV_BLOCKS, KV_TYPES, check_gguf_file
+from edgespec.runtime.llama_lib import lib as _lib
 
 
-def _lib():
-    global _llama
-    if _llama is None:
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise EdgespecError(
-                "GGUF models need llama-cpp-python: pip install 'edgespec[gguf]' (or run make install)"
-            ) from e
-        llama_cpp.llama_backend_init()
-        # llama.cpp logs every load to stderr; keep a reference so the callback is not collected
-        llama_cpp._edgespec_quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
-        if not os.environ.get("EDGESPEC_LLAMA_LOG"):
-            llama_cpp.llama_log_set(llama_cpp._edgespec_quiet_log, ctypes.c_void_p())
-        _llama = llama_cpp
-    return _llama
-
-
-def check_gguf_file(path: str | os.PathLike) -> Path:
-    """Raise a clear error unless `path` is a readable file that starts like a GGUF."""
-    path = Path(path)
-    if not path.exists():
-        raise EdgespecError(f"model file not found: {path}")
-    if not path.is_file():
-        raise EdgespecError(f"model path is not a file: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise EdgespecError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    return path
-
-
-class _LlamaHandles:
+class LlamaHandles:
     """A llama.cpp model, context and batch (`_model`, `_ctx`, `_batch`), freed once."""
 
     def _held(self) -> dict[str, int]:
         """Bytes of the weights and of a KV cache of n_ctx cells in kv_type."""
-        lib, m = _llama, self._model
+        lib, m = _lib(), self._model
         block, size = KV_BLOCKS.get(self.kv_type, (1, 4))  # or f32, a LlamaVectorModel's default
         kv_values = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * self._head_dim() * self.n_ctx
         return {"weights": int(lib.llama_model_size(m)), "kv_cache": kv_values // block * size}
 
     def _head_dim(self) -> int:
-        arch = ctypes.create_string_buffer(64)
-        _llama.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64)
+        lib, arch = _lib(), ctypes.create_string_buffer(64)
+        lib.llama_model_meta_val_str(self._model, b"general.architecture", arch, 64)
         key_length = ctypes.create_string_buffer(32)
-        if _llama.llama_model_meta_val_str(self._model, arch.value + b".attention.key_length", key_length, 32) > 0:
+        if lib.llama_model_meta_val_str(self._model, arch.value + b".attention.key_length", key_length, 32) > 0:
             return int(key_length.value)
-        return _llama.llama_model_n_embd(self._model) // max(_llama.llama_model_n_head(self._model), 1)
+        return lib.llama_model_n_embd(self._model) // max(lib.llama_model_n_head(self._model), 1)
 
     def close(self) -> None:
         """Free the context and the model; the object is unusable afterwards."""
         if getattr(self, "_ctx", None):
-            _llama.llama_batch_free(self._batch)
-            _llama.llama_free(self._ctx)
-            _llama.llama_model_free(self._model)
+            lib = _lib()
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self._ctx)
+            lib.llama_model_free(self._model)
             self._ctx = self._model = None
 
     def __del__(self):
@@ -89,7 +55,7 @@ class _LlamaHandles:
 
 def _read_vocab(v) -> Vocab:
     """The Vocab of a llama.cpp vocabulary handle."""
-    lib = _llama
+    lib = _lib()
     n = lib.llama_vocab_n_tokens(v)
     buf = ctypes.create_string_buffer(256)
     pieces = []
@@ -111,19 +77,19 @@ def _read_vocab(v) -> Vocab:
 
 
 def _tokenize(v, text: str, special: bool) -> list[int]:
-    raw = text.encode("utf-8")
+    lib, raw = _lib(), text.encode("utf-8")
     cap = len(raw) + 8
-    buf = (_llama.llama_token * cap)()
-    n = _llama.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
+    buf = (lib.llama_token * cap)()
+    n = lib.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
     if n < 0:
         cap = -n
-        buf = (_llama.llama_token * cap)()
-        n = _llama.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
+        buf = (lib.llama_token * cap)()
+        n = lib.llama_tokenize(v, raw, len(raw), buf, cap, special, special)
     return list(buf[:n])
 
 
 def _chat_template(model) -> str | None:
-    tmpl = _llama.llama_model_chat_template(model, None)
+    tmpl = _lib().llama_model_chat_template(model, None)
     return tmpl.decode("utf-8") if tmpl else None
 
 
@@ -149,7 +115,7 @@ class LlamaTokenizer:
 
     def close(self) -> None:
         if getattr(self, "_model", None):
-            _llama.llama_model_free(self._model)
+            _lib().llama_model_free(self._model)
             self._model = None
 
     def __del__(self):
@@ -159,7 +125,7 @@ class LlamaTokenizer:
             pass
 
 
-class LlamaBackend(_LlamaHandles):
+class LlamaBackend(LlamaHandles):
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
@@ -213,7 +179,7 @@ class LlamaBackend(_LlamaHandles):
         self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        lib = _llama
+        lib = _lib()
         if self._pending:  # tokens a kept tree branch still owes the cache go first, in the same pass
             tokens = [*self._pending, *tokens]
             del self.tokens[len(self.tokens) - len(self._pending):]
@@ -259,7 +225,7 @@ class LlamaBackend(_LlamaHandles):
         Leaf j's branch is sequence j + 1, which first shares the text's cells (sequence 0); a token belongs to
         the sequences of the leaves below it, at the position of its depth. Tokens the cache still owes
         (_pending) go first in the same pass, on every sequence."""
-        lib, n = _llama, len(tokens)
+        lib, n = _lib(), len(tokens)
         check_forward(self, n, n, MAX_OUTPUTS)
         if self._tree is not None:
             raise RuntimeError("keep_branch must follow forward_tree before another pass")
@@ -325,7 +291,7 @@ class LlamaBackend(_LlamaHandles):
         base = len(self.tokens)
         if in_place > 1:  # the root is in sequence 0 already; the nodes after it join it from their branch
             branch = next(seq for seq in seqs[path[in_place - 1]] if seq > 0)
-            _llama.llama_memory_seq_cp(self._mem, branch, 0, base + 1, base + in_place)
+            _lib().llama_memory_seq_cp(self._mem, branch, 0, base + 1, base + in_place)
         self._drop_branches()
         self.tokens.extend(tokens[i] for i in path)
         self._pending = [tokens[i] for i in path[in_place:]]
@@ -335,7 +301,7 @@ class LlamaBackend(_LlamaHandles):
         if self._tree is not None:
             n_branches = max(seq for seqs in self._tree[1] for seq in seqs)
             for seq in range(1, n_branches + 1):
-                _llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+                _lib().llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._tree = None
 
     def answer_many(self, prompts: Sequence[Sequence[int]], max_tokens: int,
@@ -362,7 +328,7 @@ class LlamaBackend(_LlamaHandles):
         streams = max(1, min(streams, MAX_OUTPUTS, len(prompts), self.n_ctx // need))  # as many as fit
         self.rollback(0)
         if self.hidden:
-            _llama.llama_set_embeddings(self._ctx, False)
+            _lib().llama_set_embeddings(self._ctx, False)
         answers: list[tuple[list[int], bool] | None] = [None] * len(prompts)
         waiting = iter(range(len(prompts)))
         live: dict[int, list] = {}  # stream (its sequence id) -> [prompt index, answer so far]
@@ -385,7 +351,7 @@ class LlamaBackend(_LlamaHandles):
                 self._decode(rows)
                 for row, s in enumerate(order):
                     i, answer = live[s]
-                    logits = np.ctypeslib.as_array(_llama.llama_get_logits_ith(self._ctx, row),
+                    logits = np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, row),
                                                    shape=(self.vocab.n_vocab,))
                     tok = pick(i, logits)
                     ended = tok in self.vocab.eog_ids
@@ -394,12 +360,12 @@ class LlamaBackend(_LlamaHandles):
                     if ended or len(answer) >= max_tokens:
                         answers[i] = (answer, ended)
                         del live[s]
-                        _llama.llama_memory_seq_rm(self._mem, s, -1, -1)
+                        _lib().llama_memory_seq_rm(self._mem, s, -1, -1)
                         if on_answer:
                             on_answer(i, answer, ended)
         finally:
             for s in range(streams):
-                _llama.llama_memory_seq_rm(self._mem, s, -1, -1)
+                _lib().llama_memory_seq_rm(self._mem, s, -1, -1)
 
     def _decode(self, rows: Sequence[tuple[int, int, Sequence[int] | int, bool]]) -> None:
         """One llama_decode of rows (token, position, sequence id(s), whether it returns logits)."""
@@ -410,7 +376,7 @@ class LlamaBackend(_LlamaHandles):
             for m, seq in enumerate(seqs):
                 b.seq_id[j][m] = seq
         b.n_tokens = len(rows)
-        rc = _llama.llama_decode(self._ctx, b)
+        rc = _lib().llama_decode(self._ctx, b)
         if rc != 0:
             raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(rows)} rows)")
 
@@ -419,7 +385,7 @@ class LlamaBackend(_LlamaHandles):
             raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
         self._drop_branches()  # a tree no branch was kept from
         del self._pending[max(n_past - (len(self.tokens) - len(self._pending)), 0):]
-        if not _llama.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+        if not _lib().llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
         del self.tokens[n_past:]
 
@@ -431,180 +397,3 @@ class LlamaBackend(_LlamaHandles):
 
     def memory(self) -> dict[str, int]:
         return {**self._held(), "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4}
-
-
-
-class LlamaVectorModel(_LlamaHandles):
-    """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
-    what an EAGLE head runs in (runtime/eagle.py), and a draft model drafting from a subset of the vocabulary
-    (runtime/subset_draft.py). `forward` appends rows and returns, for its last n_out rows, the output layer's
-    logits and (with hidden) the final normed hidden state. The weights are read into memory (no mmap), so the
-    file may be deleted once the model is open. kv_type: f32 (no rounding, flash
-    attention off: a head's one-layer cache) or one of KV_TYPES, as LlamaBackend."""
-
-    def __init__(self, path: str | os.PathLike, *, n_ctx: int, n_threads: int | None = None, n_ubatch: int = 32,
-                 hidden: bool = True, kv_type: str = "f32"):
-        path = check_gguf_file(path)
-        lib = _lib()
-        mparams = lib.llama_model_default_params()
-        mparams.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read, not mapped
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise EdgespecError(f"llama.cpp could not load the head model {path}")
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        # without flash attention a pass holds [n_ctx, n_ubatch, n_head] scores: small batches keep that small
-        cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
-        # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
-        # branches share are cells of several sequences in one unified cache (forward_tree)
-        cparams.n_seq_max = MAX_OUTPUTS
-        cparams.kv_unified = True
-        cparams.n_outputs_max = MAX_OUTPUTS
-        cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
-        cparams.no_perf = True
-        cparams.embeddings = self.hidden = hidden
-        self.kv_type = kv_type
-        if kv_type == "f32":  # a head's one-layer cache: small, and no f16 rounding
-            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # its CPU kernel rounds through f16
-            cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32
-        else:  # as LlamaBackend: a draft model's cache
-            cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            lib.llama_model_free(self._model)
-            raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} rows for the head model {path}")
-        self._mem = lib.llama_get_memory(self._ctx)
-        self.n_ctx, self.n_batch = lib.llama_n_ctx(self._ctx), lib.llama_n_batch(self._ctx)
-        self.n_embd = lib.llama_model_n_embd(self._model)
-        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))
-        self.n = 0  # rows in the cache, at positions 0 .. n-1
-        self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)
-
-    def forward(self, vectors: np.ndarray, n_out: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
-        """Append rows vectors [T, E]; logits [n_out, V] and hidden states [n_out, E] (None without hidden) of
-        the last n_out."""
-        lib, n = _llama, len(vectors)
-        if not 0 <= n_out <= min(n, MAX_OUTPUTS) or self.n + n > self.n_ctx:
-            raise EdgespecError(f"vector model: {n} rows with {n_out} outputs do not fit ({self.n} of {self.n_ctx} "
-                                f"rows used, at most {MAX_OUTPUTS} outputs)")
-        if n_out < n:  # with embeddings on llama.cpp outputs every row: run the others with them off
-            if self.hidden:
-                lib.llama_set_embeddings(self._ctx, False)
-            try:
-                self._decode(vectors[:n - n_out], outputs=False)
-            finally:
-                if self.hidden:
-                    lib.llama_set_embeddings(self._ctx, True)
-        if n_out:
-            self._decode(vectors[n - n_out:], outputs=True)
-        logits = np.empty((n_out, self.n_vocab), dtype=np.float32)  # [n_out, V]
-        for j in range(n_out):
-            logits[j] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
-        if not self.hidden:
-            return logits, None
-        hidden = np.stack([np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j), shape=(self.n_embd,))
-                           for j in range(n_out)]) if n_out else np.empty((0, self.n_embd), dtype=np.float32)
-        return logits, hidden
-
-    def _decode(self, vectors: np.ndarray, *, outputs: bool) -> None:
-        b, vectors = self._batch, np.ascontiguousarray(vectors, dtype=np.float32)
-        for start in range(0, len(vectors), self.n_batch):
-            chunk = vectors[start:start + self.n_batch]
-            ctypes.memmove(b.embd, chunk.ctypes.data, chunk.nbytes)
-            for j in range(len(chunk)):
-                b.pos[j] = self.n + j
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = 0
-                b.logits[j] = int(outputs)
-            b.n_tokens = len(chunk)
-            rc = _llama.llama_decode(self._ctx, b)
-            if rc != 0:
-                self.truncate(self.n)  # drop whatever part of the chunk got in
-                raise EdgespecError(f"llama_decode failed with code {rc} on the head model")
-            self.n += len(chunk)
-
-    def truncate(self, n: int) -> None:
-        """Keep the first n rows (and nothing a failed pass left after them)."""
-        _llama.llama_memory_seq_rm(self._mem, 0, n, -1)
-        self.n = min(n, self.n)
-
-    def memory(self) -> dict[str, int]:
-        """Bytes of the weights and the KV cache."""
-        return self._held()
-
-
-
-KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
-KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
-
-
-DEVICE_PREFIXES = (("cuda", "cuda"), ("mtl", "metal"), ("metal", "metal"), ("vulkan", "vulkan"))  # CUDA0, MTL0, ...
-
-
-def devices() -> list[dict]:
-    """The devices llama.cpp's ggml sees: name, type (cpu, gpu, igpu, accel), backend, free and total bytes.
-
-    llama-cpp-python does not bind ggml's device API, so it is called through ctypes on the ggml library
-    llama_cpp loaded; an empty list where that library is not found.
-    """
-    lib = _lib()
-    folder = Path(lib.__file__).parent / "lib"
-    found = sorted(folder.glob("libggml.*")) + sorted(folder.glob("ggml.dll"))
-    if not found:
-        return []
-    ggml = ctypes.CDLL(str(found[0]))
-    p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
-    for name, restype, argtypes in (("ggml_backend_dev_count", ctypes.c_size_t, []),
-                                    ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
-                                    ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
-                                    ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
-                                    ("ggml_backend_dev_type", ctypes.c_int, [p]),
-                                    ("ggml_backend_dev_memory", None, [p, size_p, size_p])):
-        fn = getattr(ggml, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    out = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        name = ggml.ggml_backend_dev_name(dev).decode()
-        kind = ("cpu", "gpu", "igpu", "accel")[min(ggml.ggml_backend_dev_type(dev), 3)]
-        backend = next((b for prefix, b in DEVICE_PREFIXES if name.lower().startswith(prefix)),
-                       "cpu" if kind == "cpu" else name.lower())
-        out.append({"name": name, "description": ggml.ggml_backend_dev_description(dev).decode(), "type": kind,
-                    "backend": backend, "free": free.value, "total": total.value})
-    return out
-
-
-QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
-               "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
-               "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
-               "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
-
-
-def partial_path(dst: Path) -> Path:
-    """Where quantize_gguf writes before renaming to dst."""
-    return dst.with_name(f".{dst.name}.partial")
-
-
-def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *, threads: int | None = None) -> Path:
-    """Re-quantize a GGUF with llama.cpp's quantizer (quantized inputs allowed).
-
-    Writes to a temporary name beside dst and renames it, so a failure leaves nothing at dst.
-    """
-    src, dst = check_gguf_file(src), Path(dst)
-    if quant not in QUANT_TYPES:
-        raise EdgespecError(f"unknown quantization '{quant}': choose one of {', '.join(QUANT_TYPES)}")
-    lib = _lib()
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = getattr(lib, QUANT_TYPES[quant])
-    params.nthread = threads or (os.cpu_count() or 1)
-    params.allow_requantize = True
-    tmp = partial_path(dst)
-    try:
-        if lib.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-            raise EdgespecError(f"llama.cpp could not quantize {src} to {quant}")
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dst

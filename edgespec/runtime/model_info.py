@@ -136,7 +136,7 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
     """Scalar metadata (arrays left out) and the tensor table of a GGUF file."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from edgespec.runtime.llama_backend import check_gguf_file
+    from edgespec.runtime.llama_lib import check_gguf_file
 
     check_gguf_file(path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:

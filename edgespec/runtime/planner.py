@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS
 from edgespec.runtime.drafts import MAX_DRAFT
-from edgespec.runtime.llama_backend import KV_BLOCKS  # module import only: llama_cpp loads on first use
+from edgespec.runtime.llama_lib import KV_BLOCKS  # module import only: llama_cpp loads on first use
 from edgespec.runtime.model_info import ModelInfo
 from edgespec.runtime.profiles import GiB, Profile
 

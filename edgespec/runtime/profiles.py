@@ -120,7 +120,7 @@ def auto_profile(measure: bool = True) -> Profile:
     """
     import psutil
 
-    from edgespec.runtime.llama_backend import devices
+    from edgespec.runtime.llama_lib import devices
     from edgespec.runtime.onnx_backend import available_providers
 
     ram = psutil.virtual_memory()

@@ -33,7 +33,7 @@ SUBSET_UBATCH = 256  # rows per llama.cpp pass: attention scores [n_ctx, n_ubatc
 def _reader(path: str | os.PathLike):
     import gguf
 
-    from edgespec.runtime.llama_backend import check_gguf_file
+    from edgespec.runtime.llama_lib import check_gguf_file
 
     path = check_gguf_file(path)
     try:
@@ -140,7 +140,9 @@ class SubsetDraft:
         """subset: token ids to keep (default: the file's SUBSET_KEY, which it must then have)."""
         import gguf
 
-        from edgespec.runtime.llama_backend import KV_TYPES, LlamaTokenizer, LlamaVectorModel
+        from edgespec.runtime.llama_backend import LlamaTokenizer
+        from edgespec.runtime.llama_lib import KV_TYPES
+        from edgespec.runtime.llama_vectors import LlamaVectorModel
 
         if kv_type not in KV_TYPES:
             raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")

@@ -1,0 +1,125 @@
+"""llama.cpp as a library (the only module that imports llama_cpp): loading it once, checking GGUF files, the
+devices ggml sees, re-quantizing a GGUF, and the KV cache types a context takes. The models that run on it are in
+llama_backend.py (tokens in) and llama_vectors.py (vectors in).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+
+GGUF_MAGIC = b"GGUF"
+
+_llama = None  # the llama_cpp module, imported on first use
+
+
+def lib():
+    """The llama_cpp module, imported and initialised on first use."""
+    global _llama
+    if _llama is None:
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise EdgespecError(
+                "GGUF models need llama-cpp-python: pip install 'edgespec[gguf]' (or run make install)"
+            ) from e
+        llama_cpp.llama_backend_init()
+        # llama.cpp logs every load to stderr; keep a reference so the callback is not collected
+        llama_cpp._edgespec_quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        if not os.environ.get("EDGESPEC_LLAMA_LOG"):
+            llama_cpp.llama_log_set(llama_cpp._edgespec_quiet_log, ctypes.c_void_p())
+        _llama = llama_cpp
+    return _llama
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Raise a clear error unless `path` is a readable file that starts like a GGUF."""
+    path = Path(path)
+    if not path.exists():
+        raise EdgespecError(f"model file not found: {path}")
+    if not path.is_file():
+        raise EdgespecError(f"model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise EdgespecError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    return path
+
+
+KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}  # best quality first
+KV_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # (values per block, bytes per block), ggml's
+
+
+DEVICE_PREFIXES = (("cuda", "cuda"), ("mtl", "metal"), ("metal", "metal"), ("vulkan", "vulkan"))  # CUDA0, MTL0, ...
+
+
+def devices() -> list[dict]:
+    """The devices llama.cpp's ggml sees: name, type (cpu, gpu, igpu, accel), backend, free and total bytes.
+
+    llama-cpp-python does not bind ggml's device API, so it is called through ctypes on the ggml library
+    llama_cpp loaded; an empty list where that library is not found.
+    """
+    llama = lib()
+    folder = Path(llama.__file__).parent / "lib"
+    found = sorted(folder.glob("libggml.*")) + sorted(folder.glob("ggml.dll"))
+    if not found:
+        return []
+    ggml = ctypes.CDLL(str(found[0]))
+    p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    for name, restype, argtypes in (("ggml_backend_dev_count", ctypes.c_size_t, []),
+                                    ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+                                    ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+                                    ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+                                    ("ggml_backend_dev_type", ctypes.c_int, [p]),
+                                    ("ggml_backend_dev_memory", None, [p, size_p, size_p])):
+        fn = getattr(ggml, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = ggml.ggml_backend_dev_name(dev).decode()
+        kind = ("cpu", "gpu", "igpu", "accel")[min(ggml.ggml_backend_dev_type(dev), 3)]
+        backend = next((b for prefix, b in DEVICE_PREFIXES if name.lower().startswith(prefix)),
+                       "cpu" if kind == "cpu" else name.lower())
+        out.append({"name": name, "description": ggml.ggml_backend_dev_description(dev).decode(), "type": kind,
+                    "backend": backend, "free": free.value, "total": total.value})
+    return out
+
+
+QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
+               "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+               "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+               "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def partial_path(dst: Path) -> Path:
+    """Where quantize_gguf writes before renaming to dst."""
+    return dst.with_name(f".{dst.name}.partial")
+
+
+def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *, threads: int | None = None) -> Path:
+    """Re-quantize a GGUF with llama.cpp's quantizer (quantized inputs allowed).
+
+    Writes to a temporary name beside dst and renames it, so a failure leaves nothing at dst.
+    """
+    src, dst = check_gguf_file(src), Path(dst)
+    if quant not in QUANT_TYPES:
+        raise EdgespecError(f"unknown quantization '{quant}': choose one of {', '.join(QUANT_TYPES)}")
+    llama = lib()
+    params = llama.llama_model_quantize_default_params()
+    params.ftype = getattr(llama, QUANT_TYPES[quant])
+    params.nthread = threads or (os.cpu_count() or 1)
+    params.allow_requantize = True
+    tmp = partial_path(dst)
+    try:
+        if llama.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise EdgespecError(f"llama.cpp could not quantize {src} to {quant}")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
