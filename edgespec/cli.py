@@ -417,10 +417,14 @@ def corpus_options(f):
 @click.option("--draft-vocab", "vocab_size", type=click.IntRange(0), default=SUBSET_SIZE, show_default=True,
               help="The GGUF drafts from this many of the answers' most probable tokens (a narrower output layer, a "
                    "cheaper step; see edgespec draft-vocab); 0: from the whole vocabulary")
+@click.option("--train-output", is_flag=True,
+              help="Give the draft an output layer of its own (untied from its embeddings) and train it with the "
+                   "layers; with --draft-vocab only the subset's rows learn and are read")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
-            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, seed, as_json):
+            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, train_output, seed,
+            as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -436,7 +440,7 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
                   progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
-                  init=init, lr=lr, vocab_size=vocab_size)
+                  init=init, lr=lr, vocab_size=vocab_size, train_output=train_output)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return

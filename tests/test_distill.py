@@ -264,26 +264,40 @@ def soft_checkpoint(tmp_path_factory):
 
 @pytest.mark.slow
 def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_checkpoint, tmp_path):
+    from transformers import LlamaForCausalLM
+
     from edgespec.api import load
     from edgespec.export import export
     from edgespec.models.distill import distill
-    from edgespec.runtime.subset_draft import SubsetDraft
+    from edgespec.runtime.subset_draft import SubsetDraft, read_subset
 
     tiny_checkpoint = soft_checkpoint
     target = tmp_path / "target.gguf"
     export(str(tiny_checkpoint), "gguf", "f32", target, progress=False, parity=False)
     prompts = [{"cat": "chat", "prompt": f"Tell me something about the number {i}."} for i in range(16)]
     summary = distill(target, tmp_path / "draft.gguf", source=tiny_checkpoint, prompts=prompts, n_layers=1,
-                      epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25)
+                      epochs=3, max_tokens=24, progress=False, lr=3e-3, holdout=0.25, train_output=True)
     training = summary["training"]
+    assert training["subset"] == 8192 and training["own_output"]
     assert summary["answered_by"] == "target" and summary["corpus_positions"] > 0
     assert training["epochs"][-1]["held_out_loss"] < training["initial_loss"]  # it learned the target
     assert summary["export"]["parity"]["overall"]["top1_agreement"] > 0.95  # the GGUF is the trained model
     assert json.loads((tmp_path / "draft.gguf.distill.json").read_text())["draft"] == str(tmp_path / "draft.gguf")
     # the GGUF drafts from the answers' most probable tokens (8192 hold every token of these short answers)
     assert summary["draft_vocab"]["answer_tokens_covered"] == 1.0
+    # its own output layer learned on the subset's rows only, and the subset draft reads those rows
+    model = LlamaForCausalLM.from_pretrained(summary["checkpoint"])
+    moved = (model.lm_head.weight - model.model.embed_tokens.weight).abs().amax(1).detach().numpy() > 0
+    subset = read_subset(tmp_path / "draft.gguf")
+    assert moved[subset].mean() > 0.9 and not np.delete(moved, subset).any()
     engine = load(target, tmp_path / "draft.gguf", n_ctx=256)
     assert isinstance(engine.draft_backend, SubsetDraft)
+    full = LlamaBackend(tmp_path / "draft.gguf", n_ctx=256)
+    ids = full.tokenize("Tell me something about the number 7.", special=False)
+    want, got = full.forward(ids, 2), engine.draft_backend.forward(ids, 2)
+    assert np.abs(got[:, subset] - want[:, subset]).max() < 1e-3
+    engine.draft_backend.rollback(0)
+    full.close()
     base = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=0)
     spec = engine.generate("Tell me something about the number 99.", max_tokens=32, draft_max=3)
     assert spec.tokens == base.tokens and spec.stats.drafted > 0
@@ -401,3 +415,45 @@ def test_a_refused_export_keeps_the_trained_draft_and_its_report(soft_checkpoint
     report = json.loads((tmp_path / "d.hf" / "distill.json").read_text())
     assert report["export"] is None and report["training"]["epochs"][0]["held_out_by_category"].keys() == {"math"}
     assert not (tmp_path / "d.gguf").exists()
+
+
+def test_a_subset_drafts_loss_is_its_cross_entropy_over_the_subset(soft_checkpoint):
+    """With a subset, q is the draft's softmax over the subset's tokens only (what a subset draft drafts from),
+    the target's probability on tokens outside it drops out, and a position whose target top-1 lies outside
+    cannot agree; without one, q is over the whole vocabulary."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from edgespec.models.corpus import Sequence
+    from edgespec.models.distill import _loss
+    from edgespec.models.eagle import subset_positions
+
+    model = LlamaForCausalLM.from_pretrained(soft_checkpoint, dtype=torch.float32)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 49152, 12)
+    subset = np.sort(rng.choice(49152, 300, replace=False))
+    n_prompt, k = 4, 5
+    topk_ids = np.stack([rng.choice(subset, k, replace=False) for _ in range(len(tokens) - n_prompt)])
+    topk_ids[2, 0] = next(t for t in range(49152) if t not in set(subset))  # a top-1 the subset draft cannot draft
+    topk_ids[3, 1] = topk_ids[2, 0]
+    topk_logits = np.sort(rng.normal(size=topk_ids.shape), axis=1)[:, ::-1].copy()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(tokens[None].astype(np.int64))).logits[0, n_prompt - 1:-1].double()
+    best = subset[int(logits[0, subset].argmax())]  # the first position agrees
+    topk_ids[0] = [best, *[t for t in topk_ids[0] if t != best][:k - 1]]
+    seq = Sequence(tokens, n_prompt, "chat", topk_ids, topk_logits, np.full(len(topk_ids), 1.5), None)
+    with torch.no_grad():
+        loss, agree = _loss(torch, model, [seq], "cpu", (torch.from_numpy(subset), subset_positions(subset, 49152)))
+        full_loss, _ = _loss(torch, model, [seq], "cpu")
+    p = np.exp(topk_logits - 1.5)
+    logq = torch.log_softmax(logits[:, subset], dim=1).numpy()
+    inside = np.isin(topk_ids, subset)
+    where = np.searchsorted(subset, topk_ids)
+    want = -np.mean([sum(p[i, j] * logq[i, where[i, j]] for j in range(k) if inside[i, j]) for i in range(len(p))])
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+    logq_full = torch.log_softmax(logits, dim=1).numpy()
+    assert float(full_loss) == pytest.approx(-np.mean((p * np.take_along_axis(logq_full, topk_ids, 1)).sum(1)),
+                                             rel=1e-4)
+    top = subset[logq.argmax(1)]
+    assert agree.tolist() == [bool(top[i] == topk_ids[i, 0]) for i in range(len(p))]
+    assert agree[0] and not agree[2]

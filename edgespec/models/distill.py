@@ -4,7 +4,9 @@ The draft is the target's architecture with fewer layers: its embeddings, final 
 the target's (frozen by default: the draft then shares the target's view of tokens), and its layers start
 as copies of evenly spaced target layers. Training minimises the cross-entropy to the target's
 distribution at every answer position, -sum_k p_k log q(k) over the target's top-K tokens with their exact
-probabilities (a KL to the target up to the target's entropy), not only to the tokens it chose.
+probabilities (a KL to the target up to the target's entropy), not only to the tokens it chose. A draft that
+will draft from a vocabulary subset (runtime/subset_draft.py) is trained with its softmax over that subset, what
+it drafts from; train_output gives it an output layer of its own (untied, trained with the layers).
 On CPU with torch (CUDA or MPS when present). The result is saved as a Hugging Face checkpoint with the
 target's tokenizer and goes out through edgespec.export, parity-checked like any export.
 
@@ -25,7 +27,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.export.files import say
 from edgespec.models.corpus import Sequence, holdout_split
-from edgespec.models.eagle import SUBSET_SIZE, answer_subset
+from edgespec.models.eagle import SUBSET_SIZE, answer_subset, subset_positions
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -72,8 +74,7 @@ def init_draft(source: Path, n_layers: int):
     return draft, picks
 
 
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "tie_word_embeddings")
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
 
 
 def check_init(init: Path, source: Path, n_layers: int | None = None) -> None:
@@ -159,9 +160,13 @@ def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
         yield batch
 
 
-def _loss(torch, draft, batch: list[Sequence], device):
+def _loss(torch, draft, batch: list[Sequence], device, subset=None):
     """Mean over answer positions of -sum_k p_k log q(k); also, per answer position in batch order, whether
-    the draft's top-1 equals the target's (teacher-forced greedy agreement)."""
+    the draft's top-1 equals the target's (teacher-forced greedy agreement).
+
+    subset: (ids [S] on device, each token's index in them [V], -1 outside): q is then the draft's softmax over
+    those tokens only, what a subset draft drafts from; the target's tokens outside it drop out of the sum, and
+    a position whose target top-1 lies outside counts as a disagreement."""
     longest = max(len(s.tokens) for s in batch)
     ids = torch.zeros((len(batch), longest), dtype=torch.long)
     mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -170,20 +175,41 @@ def _loss(torch, draft, batch: list[Sequence], device):
         mask[b, :len(s.tokens)] = 1
     hidden = draft.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, L, E]
     rows = torch.cat([hidden[b, s.n_prompt - 1:len(s.tokens) - 1] for b, s in enumerate(batch)])  # [N, E]
-    logq = torch.log_softmax(draft.lm_head(rows).float(), dim=-1)  # [N, V]
-    top_ids = torch.from_numpy(np.concatenate([s.topk_ids for s in batch]).astype(np.int64)).to(device)  # [N, K]
+    top_ids = np.concatenate([s.topk_ids for s in batch]).astype(np.int64)  # [N, K]
     p = torch.from_numpy(np.exp(np.concatenate([s.topk_logits - s.lse[:, None] for s in batch]))).to(device)
+    if subset is None:
+        logq = torch.log_softmax(draft.lm_head(rows).float(), dim=-1)  # [N, V]
+    else:
+        kept, index = subset
+        logq = torch.log_softmax(torch.nn.functional.linear(rows, draft.lm_head.weight[kept]).float(), dim=-1)
+        top_ids = index[top_ids]  # [N, K] as subset indices, -1 outside
+        p = p * torch.from_numpy(top_ids >= 0).to(device)
+        top_ids = np.maximum(top_ids, 0)
+    top_ids = torch.from_numpy(top_ids).to(device)
     loss = -(p * logq.gather(1, top_ids)).sum(dim=1).mean()
-    return loss, logq.argmax(dim=1) == top_ids[:, 0]
+    agree = logq.argmax(dim=1) == top_ids[:, 0]
+    if subset is not None:
+        agree &= p[:, 0] > 0
+    return loss, agree
+
+
+def untie_output(torch, draft) -> None:
+    """Give the draft an output layer of its own, started as a copy of the embeddings it was tied to."""
+    if draft.config.tie_word_embeddings:
+        draft.config.tie_word_embeddings = False
+        draft.lm_head.weight = torch.nn.Parameter(draft.model.embed_tokens.weight.detach().clone())
 
 
 def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, epochs: int = 3, lr: float = 3e-4,
           batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
-          progress: bool = True, init: Path | None = None):
+          progress: bool = True, init: Path | None = None, subset: np.ndarray | None = None,
+          train_output: bool = False):
     """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement.
 
     n_layers: the new draft's layers (4 when None); init: a draft distilled before goes on training instead of
-    a new one, deepened to n_layers where that is given and more than its own (see grow)."""
+    a new one, deepened to n_layers where that is given and more than its own (see grow); subset: the token ids
+    the draft will draft from (see draft_vocab): loss and agreement over them only; train_output: the draft gets
+    an output layer of its own (untied from the embeddings, which stay frozen) and trains it with its layers."""
     torch, _ = _torch()
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -197,17 +223,23 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
         grown = None
         draft, picks = init_draft(source, n_layers or 4)
         n_layers = n_layers or 4
+    if train_output:
+        untie_output(torch, draft)
     draft.to(device)
     if not train_embeddings:
         draft.model.embed_tokens.weight.requires_grad_(False)
-        draft.lm_head.weight.requires_grad_(False)
+        draft.lm_head.weight.requires_grad_(train_output)
+    if subset is not None:
+        subset = (torch.from_numpy(subset.astype(np.int64)).to(device),
+                  subset_positions(subset, draft.config.vocab_size))
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     steps = epochs * sum(1 for _ in _batches(train_seqs, batch_tokens, np.random.default_rng(0)))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))))
     report = {"layers_from_target": picks, "init": str(init) if init is not None else None, "grown": grown,
-              "train_sequences": len(train_seqs), "held_out_sequences": len(held), "epochs": [], "device": device}
+              "train_sequences": len(train_seqs), "held_out_sequences": len(held), "epochs": [], "device": device,
+              "subset": None if subset is None else len(subset[0]), "own_output": not draft.config.tie_word_embeddings}
 
     def evaluate() -> tuple[float, float, dict[str, float]]:
         """Held-out (cross-entropy to the target, top-1 agreement with it, that agreement per category)."""
@@ -216,7 +248,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
         loss = 0.0
         with torch.no_grad():
             for batch in _batches(held, batch_tokens, np.random.default_rng(0)):
-                batch_loss, agree = _loss(torch, draft, batch, device)
+                batch_loss, agree = _loss(torch, draft, batch, device, subset)
                 loss += float(batch_loss) * len(agree)
                 start = 0
                 for s in batch:
@@ -242,7 +274,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     for epoch in range(epochs):
         t0, losses = time.perf_counter(), []
         for batch in _batches(train_seqs, batch_tokens, rng):
-            loss, _ = _loss(torch, draft, batch, device)
+            loss, _ = _loss(torch, draft, batch, device, subset)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -288,7 +320,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     answering model speculates with (see build_corpus); also_corpora: finished corpora of the same target
     trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft
     (deepened to n_layers where given); n_layers: 4 for a new draft when None; vocab_size: the GGUF drafts from
-    that many of the answers' most probable tokens (draft_vocab), 0 from the whole vocabulary."""
+    that many of the answers' most probable tokens (draft_vocab), and training's loss is over them; 0: from
+    the whole vocabulary."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
@@ -317,9 +350,11 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
                             answer_draft=answer_draft)
     corpus_s = time.perf_counter() - t0
     seqs = read_corpora(corpus, also_corpora)
+    # a draft that will draft from a subset learns over that subset (the one draft_vocab writes below)
+    subset = answer_subset(seqs, _n_vocab(src.path), vocab_size) if vocab_size else None
     t0 = time.perf_counter()
     model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
-                          init=init, **train_kwargs)
+                          init=init, subset=subset, **train_kwargs)
     train_s = time.perf_counter() - t0
     checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
     summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
@@ -336,7 +371,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
         raise EdgespecError(f"{e}\nthe trained draft is kept: {checkpoint} (training report: distill.json in it); "
                             f"export it with: edgespec export {checkpoint} --to gguf --quant {quant}") from e
     if vocab_size:
-        summary["draft_vocab"] = draft_vocab(out, out, seqs, vocab_size)
+        summary["draft_vocab"] = draft_vocab(out, out, seqs, vocab_size, subset)
     if onnx_out:
         summary["onnx"] = export_source(Source("hf", checkpoint, str(checkpoint)), "onnx", "fp32", onnx_out,
                                         progress=progress)
@@ -344,10 +379,12 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     return summary
 
 
-def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Sequence], size: int) -> dict:
+def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Sequence], size: int,
+                subset: np.ndarray | None = None) -> dict:
     """A copy of the draft GGUF at out that drafts from the `size` tokens the target's answers in seqs make most
-    probable (runtime/subset_draft.py); returns what it kept: the subset's size and the share of the answers'
-    tokens in it (the most a draft can match)."""
+    probable (runtime/subset_draft.py), or from `subset` where the caller chose them (distill, which trained
+    over them); returns what it kept: the subset's size and the share of the answers' tokens in it (the most a
+    draft can match)."""
     from edgespec.runtime.model_info import read_model_info
     from edgespec.runtime.subset_draft import read_subset, write_subset
 
@@ -358,11 +395,16 @@ def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Seq
     n_vocab = read_model_info(draft).n_vocab  # from the header: write_subset reads the vocabulary itself
     if any(int(s.tokens.max()) >= n_vocab for s in seqs):
         raise EdgespecError(f"the corpus has token ids past the draft's {n_vocab}: it comes from another target")
-    write_subset(draft, out, answer_subset(seqs, n_vocab, size))
+    write_subset(draft, out, answer_subset(seqs, n_vocab, size) if subset is None else subset)
     subset = read_subset(out)
     answers = np.concatenate([s.tokens[s.n_prompt:] for s in seqs])
     return {"draft": str(out), "from": str(draft), "tokens": len(subset),
             "answer_tokens_covered": round(float(np.isin(answers, subset).mean()), 4)}
+
+
+def _n_vocab(source: Path) -> int:
+    _, transformers = _torch()
+    return transformers.AutoConfig.from_pretrained(source).vocab_size
 
 
 def _default_source(target: Path):
