@@ -49,8 +49,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     if engine.drafter is None:
         raise EdgespecError("bench compares against a draft: pass --draft FILE.gguf or --draft ngram")
     totals = defaultdict(lambda: {"base": [0, 0.0], "spec": [0, 0.0], "prefill": {"base": 0.0, "spec": 0.0},
-                                  "drafted": 0, "accepted": 0, "draft_s": 0.0, "target_s": 0.0, "passes": 0,
-                                  "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0,
+                                  "drafted": 0, "accepted": 0, "rejected": 0, "draft_s": 0.0, "target_s": 0.0,
+                                  "passes": 0, "rounds_with_draft": 0, "draft_lengths": Counter(), "same": 0, "n": 0,
                                   "lookup_drafted": 0, "lookup_accepted": 0})
     modes = {"base": 0, "spec": draft_max}
     engines = {"base": baseline or engine, "spec": engine}
@@ -78,6 +78,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             t["passes"] += outputs["base"].stats.target_passes
             t["drafted"] += s.drafted
             t["accepted"] += s.accepted
+            t["rejected"] += s.rejected
             t["lookup_drafted"] += s.lookup_drafted
             t["lookup_accepted"] += s.lookup_accepted
             t["rounds_with_draft"] += sum(s.accept_counts.values())
@@ -100,6 +101,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "target_only_prefill_ms": round(1000 * t["prefill"]["base"] / t["n"], 1),
             "speculative_prefill_ms": round(1000 * t["prefill"]["spec"] / t["n"], 1),
             "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else 0.0,
+            # of the drafts the verifier judged (up to each round's first rejection): not moved by chain lengths
+            "token_acceptance": round(t["accepted"] / judged, 4) if (judged := t["accepted"] + t["rejected"]) else 0.0,
             "mean_accepted_length": round(t["accepted"] / t["rounds_with_draft"], 4) if t["rounds_with_draft"] else 0.0,
             # seconds per drafted token over seconds per target-only step (catching up included); tokens that
             # prompt lookup drafted in front of a draft cost nothing and are not counted
@@ -143,29 +146,31 @@ def format_report(report: dict) -> str:
     if report.get("target_only") == "the target loaded alone":
         head += "  (target-only: the target loaded alone)"
     cols = f"{'category':<10}{'prompts':>8}{'target tok/s':>14}{'spec tok/s':>12}{'ratio':>8}{'accept':>8}" \
-           f"{'mean acc':>10}{'same out':>10}  draft lengths"
+           f"{'judged':>8}{'mean acc':>10}{'same out':>10}  draft lengths"
     lines = [head, cols]
     for name, c in [*sorted(report["categories"].items()), ("overall", report["overall"])]:
         hist = " ".join(f"{k}:{v}" for k, v in c["draft_length_histogram"].items())
         lines.append(f"{name:<10}{c['prompts']:>8}{c['target_only_tokens_per_second']:>14.1f}"
                      f"{c['speculative_tokens_per_second']:>12.1f}{c['speedup']:>8.3f}{c['acceptance_rate']:>8.2f}"
-                     f"{c['mean_accepted_length']:>10.2f}{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
+                     f"{c['token_acceptance']:>8.2f}{c['mean_accepted_length']:>10.2f}"
+                     f"{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
     return "\n".join(lines)
 
 
 def format_comparison(reports: list[dict]) -> str:
     """Draft kinds side by side per category: acceptance, mean accepted length, draft step cost relative
     to a target step, and speed over target-only (each measured against its own interleaved baseline)."""
-    width = 30
+    width = 37
     head = f"{'category':<10}" + "".join(f"{r['draft'][:width - 2]:>{width}}" for r in reports)
-    sub = f"{'':<10}" + f"{'accept  mean  cost  ratio':>{width}}" * len(reports)
+    sub = f"{'':<10}" + f"{'accept  judged  mean  cost  ratio':>{width}}" * len(reports)
     lines = [f"target {reports[0]['target']}, temperature {reports[0]['temperature']}", head, sub]
     names = sorted(reports[0]["categories"]) + ["overall"]
     for name in names:
         cells = []
         for r in reports:
             c = r["overall"] if name == "overall" else r["categories"][name]
-            cells.append(f"{c['acceptance_rate']:.2f}  {c['mean_accepted_length']:.2f}  {c['draft_step_cost']:.2f}  "
+            cells.append(f"{c['acceptance_rate']:.2f}    {c['token_acceptance']:.2f}  "
+                         f"{c['mean_accepted_length']:.2f}  {c['draft_step_cost']:.2f}  "
                          f"{c['speedup']:.3f}")
         lines.append(f"{name:<10}" + "".join(f"{cell:>{width}}" for cell in cells))
     return "\n".join(lines)

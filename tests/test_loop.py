@@ -456,3 +456,16 @@ def test_greedy_tree_accepts_the_target_choice_among_the_siblings():
     assert tree_stats.accept_counts == {1: tree_stats.target_passes} and tree_stats.generated == 20
     assert tree_stats.tree_nodes == 2 * tree_stats.drafted
     assert target.tokens == [1, *expected][:len(target.tokens)]
+
+
+def test_token_acceptance_counts_only_the_drafts_the_verifier_judged():
+    """A draft wrong after every 3 (the cycle 1 2 3 4 5): each chain of 7 from 4 is judged up to its wrong fifth
+    draft and the two after it are drafted but never judged; the last round, cut to the 2 drafts the length
+    leaves, is all accepted. acceptance_rate counts the unjudged drafts, token_acceptance not."""
+    target = FakeBackend(deterministic_table(CHAIN, V))
+    draft = FakeBackend(deterministic_table({**CHAIN, 3: 1}, V))
+    events, stats = run(target, ModelDrafter(draft, target.vocab), [4], max_tokens=18, draft_max=7)
+    assert tokens_of(events) == list(itertools.islice(itertools.cycle([5, 1, 2, 3, 4]), 18))
+    assert stats.draft_lengths == {7: 3, 2: 1} and stats.accept_counts == {4: 3, 2: 1} and stats.rejected == 3
+    assert stats.acceptance_rate == pytest.approx(14 / 23) and stats.token_acceptance == pytest.approx(14 / 17)
+    assert stats.to_dict()["token_acceptance"] == round(14 / 17, 4)

@@ -38,6 +38,7 @@ class Stats:
     generated: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # rounds whose drafts were not all accepted: each ended at a draft the verifier rejected
     target_passes: int = 0  # verify passes after the prefill
     tree_nodes: int = 0  # draft tokens verified in tree rounds (drafted counts their depth)
     lookup_drafted: int = 0  # of drafted and accepted: those from prompt lookup in front of the drafter
@@ -53,6 +54,14 @@ class Stats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """Accepted over the drafts the verifier judged (each round judges up to its first rejection and no
+        further): the chance a judged draft is accepted, alpha in Leviathan et al.'s speedup formula. Unlike
+        acceptance_rate it does not fall when chains grow longer, since drafts after a rejection are not judged."""
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -71,6 +80,7 @@ class Stats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
+            "token_acceptance": round(self.token_acceptance, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accept_counts.items())},
             "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
@@ -197,6 +207,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             if k_round:
                 stats.drafted += k_round
                 stats.accepted += n_acc
+                stats.rejected += n_acc < k_round
                 stats.accept_counts[n_acc] += 1
                 if looked_up:
                     stats.lookup_drafted += k_round
