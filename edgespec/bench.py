@@ -158,7 +158,8 @@ def format_report(report: dict) -> str:
 
 
 def format_comparison(reports: list[dict]) -> str:
-    """Draft kinds side by side per category: acceptance, mean accepted length, draft step cost relative
+    """Draft kinds side by side per category: acceptance (of the drafted, and of the judged: see
+    Stats.token_acceptance), mean accepted length, draft step cost relative
     to a target step, and speed over target-only (each measured against its own interleaved baseline)."""
     width = 37
     head = f"{'category':<10}" + "".join(f"{r['draft'][:width - 2]:>{width}}" for r in reports)

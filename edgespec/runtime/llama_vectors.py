@@ -35,8 +35,7 @@ class LlamaVectorModel(LlamaHandles):
         cparams.n_ctx = n_ctx
         # without flash attention a pass holds [n_ctx, n_ubatch, n_head] scores: small batches keep that small
         cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
-        # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
-        # branches share are cells of several sequences in one unified cache (forward_tree)
+        # the context as LlamaBackend's (up to MAX_OUTPUTS sequences, one unified cache); only sequence 0 is used
         cparams.n_seq_max = MAX_OUTPUTS
         cparams.kv_unified = True
         cparams.n_outputs_max = MAX_OUTPUTS
