@@ -420,11 +420,14 @@ def corpus_options(f):
 @click.option("--train-output", is_flag=True,
               help="Give the draft an output layer of its own (untied from its embeddings) and train it with the "
                    "layers; with --draft-vocab only the subset's rows learn and are read")
+@click.option("--quant-aware", is_flag=True,
+              help="Train through --quant's rounding (q4_0, q8_0): the layers learn the weights the GGUF will hold. "
+                   "With as many --layers as the target: the target's quantization, trained to agree with it")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
-            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, train_output, seed,
-            as_json):
+            also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, train_output, quant_aware,
+            seed, as_json):
     """Train a small draft on the target's own answers (KL to its distributions) and export it to GGUF.
 
     The target answers the training prompts through edgespec (exactly its own distribution), a
@@ -432,7 +435,9 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     from the target's embeddings and evenly spaced layers, is trained against them on this machine
     (CPU, or CUDA/MPS when torch has them). --init goes on training a draft distilled before; with more
     --layers than it has, it is deepened first (new layers start as no-ops). The summary, held-out agreement
-    per category included, is also written beside --out (.distill.json).
+    per category included, is also written beside --out (.distill.json). --quant-aware trains through the
+    GGUF's rounding; `--layers <the target's> --quant q4_0 --quant-aware` trains the target's own Q4_0
+    quantization to agree with it.
     """
     from edgespec.models.distill import distill as run
 
@@ -440,7 +445,7 @@ def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, a
     summary = run(target, out, source=source, prompts=prompts, corpus=corpus, n_layers=layers, epochs=epochs,
                   max_tokens=max_tokens, quant=quant, onnx_out=onnx_out, temperature=temperature, seed=seed,
                   progress=not as_json, answerer=answerer, answer_draft=answer_draft, also_corpora=list(also_corpora),
-                  init=init, lr=lr, vocab_size=vocab_size, train_output=train_output)
+                  init=init, lr=lr, vocab_size=vocab_size, train_output=train_output, quant_aware=quant_aware)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return

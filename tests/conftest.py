@@ -58,6 +58,29 @@ def tiny_checkpoint(tmp_path_factory):
     return folder
 
 
+def soft_llama(folder: Path, layer_scale: float = 1.0) -> Path:
+    """A tiny random 3-layer Llama with SmolLM2's tokenizer and soft distributions (a 1-layer draft starts
+    measurably away from it); layer_scale multiplies its decoder layers' linear weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from edgespec.models.smollm2 import save_tokenizer
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+        for m in model.model.layers.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(layer_scale)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
 CORPUS_PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
                   {"cat": "math", "prompt": "What is 7 times 6?"}]
 

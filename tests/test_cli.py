@@ -104,6 +104,9 @@ def test_non_gguf_target(runner, tmp_path):
 def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
     result = runner.invoke(main, ["distill", "--out", str(tmp_path / "draft.bin")])
     assert result.exit_code == 1 and "give --out a .gguf file name" in result.output
+    result = runner.invoke(main, ["distill", "--out", str(tmp_path / "draft.gguf"), "--quant", "q4_k_m",
+                                  "--quant-aware"])
+    assert result.exit_code == 1 and "--quant-aware trains for q4_0 or q8_0; --quant is q4_k_m" in result.output
     result = runner.invoke(main, ["train-heads", "--out", str(tmp_path / "heads.npz")])
     assert result.exit_code == 1 and "name the medusa heads file *.medusa.npz, e.g. heads.medusa.npz" in result.output
     result = runner.invoke(main, ["train-heads", "--kind", "eagle", "--out", str(tmp_path / "h.medusa.npz")])

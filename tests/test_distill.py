@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import CORPUS_PROMPTS
+from conftest import CORPUS_PROMPTS, soft_llama
 
 from edgespec.errors import EdgespecError
 from edgespec.models import corpus as corpus_module
@@ -242,24 +242,7 @@ def test_teacher_forced_positions_align_with_the_answer(default_gguf):
 
 @pytest.fixture(scope="module")
 def soft_checkpoint(tmp_path_factory):
-    """A tiny random 3-layer Llama with SmolLM2's tokenizer, with soft enough distributions that a 1-layer
-    draft starts measurably away from it."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from edgespec.models.smollm2 import save_tokenizer
-
-    folder = tmp_path_factory.mktemp("soft-llama")
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(folder)
-    save_tokenizer(folder)
-    return folder
+    return soft_llama(tmp_path_factory.mktemp("soft-llama"))
 
 
 @pytest.mark.slow

@@ -7,6 +7,9 @@ distribution at every answer position, -sum_k p_k log q(k) over the target's top
 probabilities (a KL to the target up to the target's entropy), not only to the tokens it chose. A draft that
 will draft from a vocabulary subset (runtime/subset_draft.py) is trained with its softmax over that subset, what
 it drafts from; train_output gives it an output layer of its own (untied, trained with the layers).
+A quantization-aware draft (quant_aware) trains through the rounding its GGUF export will apply, so it learns
+the weights the file will hold; with as many layers as the target it is the target's quantization, trained
+to agree with the target (a draft at a quantized model's cost, close to the target's own answers).
 On CPU with torch (CUDA or MPS when present). The result is saved as a Hugging Face checkpoint with the
 target's tokenizer and goes out through edgespec.export, parity-checked like any export.
 
@@ -50,15 +53,11 @@ def _torch():
     return torch, transformers
 
 
-def init_draft(source: Path, n_layers: int):
-    """A draft model: the source's config with n_layers, its weights copied where shapes allow."""
+def init_draft(source: Path, n_layers: int, full_depth: bool = False):
+    """A draft model: the source's config with n_layers, its weights copied where shapes allow. full_depth: it
+    may have all the source's layers (a quantization-aware draft: the target's own weights, to be rounded)."""
     torch, transformers = _torch()
-    config = transformers.AutoConfig.from_pretrained(source)
-    if getattr(config, "model_type", None) != "llama":
-        raise EdgespecError(f"distill builds Llama-architecture drafts; {source} is a {config.model_type} model")
-    if not 1 <= n_layers < config.num_hidden_layers:
-        raise EdgespecError(f"the draft needs 1 to {config.num_hidden_layers - 1} layers (the target has "
-                            f"{config.num_hidden_layers}), got {n_layers}")
+    config = check_new_draft(source, n_layers, full_depth)
     teacher = transformers.AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
     config.num_hidden_layers = n_layers
     draft = transformers.LlamaForCausalLM(config)
@@ -74,13 +73,26 @@ def init_draft(source: Path, n_layers: int):
     return draft, picks
 
 
+def check_new_draft(source: Path, n_layers: int, full_depth: bool = False):
+    """The source's config, if a new draft of n_layers can be made from it (said before any corpus is built)."""
+    _, transformers = _torch()
+    config = transformers.AutoConfig.from_pretrained(source)
+    if getattr(config, "model_type", None) != "llama":
+        raise EdgespecError(f"distill builds Llama-architecture drafts; {source} is a {config.model_type} model")
+    most = config.num_hidden_layers if full_depth else config.num_hidden_layers - 1
+    if not 1 <= n_layers <= most:
+        raise EdgespecError(f"the draft needs 1 to {most} layers (the target has {config.num_hidden_layers}"
+                            f"{'' if full_depth else '; as many only with --quant-aware'}), got {n_layers}")
+    return config
+
+
 SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
 
 
-def check_init(init: Path, source: Path, n_layers: int | None = None) -> None:
+def check_init(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False) -> None:
     """A draft distilled before (its Hugging Face checkpoint) may go on training only if it is a Llama of the
-    source's shapes with fewer layers, and be deepened (n_layers) only to fewer layers than the source's;
-    said before any corpus is built."""
+    source's shapes with fewer layers (as many where full_depth: quantization-aware), and be deepened
+    (n_layers) only to fewer layers than the source's; said before any corpus is built."""
     _, transformers = _torch()
     if not (init / "config.json").is_file():
         raise EdgespecError(f"--init needs a distilled draft's checkpoint folder (the .hf beside its GGUF); "
@@ -94,19 +106,21 @@ def check_init(init: Path, source: Path, n_layers: int | None = None) -> None:
         raise EdgespecError(f"--init {init} was not distilled from this target: "
                             + ", ".join(f"{k} {getattr(config, k, None)} vs {getattr(target, k, None)}"
                                         for k in differ))
-    if config.num_hidden_layers >= target.num_hidden_layers:
+    if config.num_hidden_layers > target.num_hidden_layers or (
+            config.num_hidden_layers == target.num_hidden_layers and not full_depth):
         raise EdgespecError(f"--init {init} has {config.num_hidden_layers} layers, the target "
-                            f"{target.num_hidden_layers}: not a draft")
+                            f"{target.num_hidden_layers}: not a draft"
+                            + ("" if full_depth else " (a full-depth draft trains only with --quant-aware)"))
     if n_layers is not None and not config.num_hidden_layers <= n_layers < target.num_hidden_layers:
         raise EdgespecError(f"--layers {n_layers} with --init deepens the draft: give {config.num_hidden_layers} "
                             f"(its own) to {target.num_hidden_layers - 1} (one fewer than the target's)")
 
 
-def resume_draft(init: Path, source: Path, n_layers: int | None = None):
+def resume_draft(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False):
     """The draft at init, checked against the source, to train on; deepened to n_layers where that is more
     than its own (see grow). Returns (draft, the layers it kept and where new ones went, or None)."""
     torch, transformers = _torch()
-    check_init(init, source, n_layers)
+    check_init(init, source, n_layers, full_depth)
     draft = transformers.LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32)
     if n_layers is None or n_layers == draft.config.num_hidden_layers:
         return draft, None
@@ -143,6 +157,62 @@ def grow(draft, n_layers: int):
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
     return grown, layout
+
+
+# GGUF types a draft can be trained for, each as `edgespec export` writes it: q4_0 through an f16 intermediate and
+# llama.cpp's quantizer, q8_0 by the converter from the weights as they are (both ggml's reference rounding)
+QUANT_AWARE = ("q4_0", "q8_0")
+BLOCK = 32  # weights per block along a row, each block with its own f16 scale
+
+
+def fake_quant(torch, w, quant: str):
+    """w [out, in] as its GGUF of type `quant` holds it, dequantized: blocks of 32 along each row, rounded as
+    ggml's quantize_row_q4_0_ref / q8_0_ref round them, times each block's scale stored as f16."""
+    rows, cols = w.shape
+    if quant == "q4_0":
+        x = w.half().float().reshape(rows, cols // BLOCK, BLOCK)
+        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # the first of largest magnitude
+        d = signed_max / -8
+        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        q = torch.clamp(torch.floor(x * inverse + 8.5), 0, 15) - 8
+    elif quant == "q8_0":
+        x = w.float().reshape(rows, cols // BLOCK, BLOCK)
+        d = x.abs().amax(dim=-1, keepdim=True) / 127
+        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        y = x * inverse
+        q = torch.sign(y) * torch.floor(y.abs() + 0.5)  # C's roundf: halves away from zero
+    else:
+        raise EdgespecError(f"quantization-aware training knows {', '.join(QUANT_AWARE)}, not {quant}")
+    return (q * d.half().float()).reshape(rows, cols)
+
+
+def round_layers(torch, draft, quant: str) -> int:
+    """Make every linear weight of the draft's decoder layers compute through its GGUF rounding (a straight-
+    through estimate: the forward pass sees the rounded weight, the gradient reaches the float one); the
+    embeddings, norms and output layer are left as they are. Returns how many weights were wrapped."""
+    from torch.nn.utils import parametrize
+
+    class Rounded(torch.nn.Module):
+        def forward(self, w):
+            return w + (fake_quant(torch, w, quant) - w).detach()
+
+    linears = [m for m in draft.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    for m in linears:
+        if m.in_features % BLOCK:
+            raise EdgespecError(f"{quant} rounds blocks of {BLOCK} weights; a layer with {m.in_features} inputs does "
+                                "not split into them")
+        parametrize.register_parametrization(m, "weight", Rounded())
+    return len(linears)
+
+
+def keep_rounded(torch, draft) -> None:
+    """Replace each wrapped weight by its rounded value: the checkpoint then holds what the GGUF will hold
+    (rounding it again changes nothing), so the export's parity check compares like with like."""
+    from torch.nn.utils import parametrize
+
+    for m in draft.modules():
+        if parametrize.is_parametrized(m, "weight"):
+            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
 
 
 def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
@@ -203,13 +273,15 @@ def untie_output(torch, draft) -> None:
 def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, epochs: int = 3, lr: float = 3e-4,
           batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
           progress: bool = True, init: Path | None = None, subset: np.ndarray | None = None,
-          train_output: bool = False):
+          train_output: bool = False, quant_aware: str | None = None):
     """Train a draft on corpus sequences; returns (model, report) with per-epoch loss and held-out agreement.
 
     n_layers: the new draft's layers (4 when None); init: a draft distilled before goes on training instead of
     a new one, deepened to n_layers where that is given and more than its own (see grow); subset: the token ids
     the draft will draft from (see draft_vocab): loss and agreement over them only; train_output: the draft gets
-    an output layer of its own (untied from the embeddings, which stay frozen) and trains it with its layers."""
+    an output layer of its own (untied from the embeddings, which stay frozen) and trains it with its layers;
+    quant_aware: a GGUF type (QUANT_AWARE): the layers train through its rounding (round_layers), the draft may
+    have all the source's layers, and the model returned holds the rounded weights."""
     torch, _ = _torch()
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -217,15 +289,17 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
     if init is not None:
-        draft, grown = resume_draft(Path(init), source, n_layers)
+        draft, grown = resume_draft(Path(init), source, n_layers, full_depth=quant_aware is not None)
         picks, n_layers = None, draft.config.num_hidden_layers
     else:
         grown = None
-        draft, picks = init_draft(source, n_layers or 4)
+        draft, picks = init_draft(source, n_layers or 4, full_depth=quant_aware is not None)
         n_layers = n_layers or 4
     if train_output:
         untie_output(torch, draft)
     draft.to(device)
+    if quant_aware is not None:
+        round_layers(torch, draft, quant_aware)
     if not train_embeddings:
         draft.model.embed_tokens.weight.requires_grad_(False)
         draft.lm_head.weight.requires_grad_(train_output)
@@ -239,7 +313,8 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))))
     report = {"layers_from_target": picks, "init": str(init) if init is not None else None, "grown": grown,
               "train_sequences": len(train_seqs), "held_out_sequences": len(held), "epochs": [], "device": device,
-              "subset": None if subset is None else len(subset[0]), "own_output": not draft.config.tie_word_embeddings}
+              "subset": None if subset is None else len(subset[0]), "own_output": not draft.config.tie_word_embeddings,
+              "quant_aware": quant_aware}
 
     def evaluate() -> tuple[float, float, dict[str, float]]:
         """Held-out (cross-entropy to the target, top-1 agreement with it, that agreement per category)."""
@@ -291,6 +366,8 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
         report["epochs"].append(entry)
         say(progress, f"epoch {epoch + 1}/{epochs}: loss {entry['loss']:.3f}, held-out top-1 agreement "
                        f"{entry['held_out_agreement']:.3f} ({entry['seconds']:.0f} s)")
+    if quant_aware is not None:
+        keep_rounded(torch, draft)
     return draft.to("cpu"), report
 
 
@@ -313,7 +390,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
             temperature: float = 0.0, seed: int = 0, progress: bool = True,
             answerer: str | os.PathLike | None = None, answer_draft: str | os.PathLike | None = None,
             also_corpora: list[str | os.PathLike] = (), init: str | os.PathLike | None = None,
-            vocab_size: int = SUBSET_SIZE, **train_kwargs) -> dict:
+            vocab_size: int = SUBSET_SIZE, quant_aware: bool = False, **train_kwargs) -> dict:
     """Corpus from the target, training, export: the whole `edgespec distill`. Returns a JSON-ready summary.
 
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
@@ -321,7 +398,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     trained on beside `corpus`; init: a draft's checkpoint (.hf) that goes on training instead of a new draft
     (deepened to n_layers where given); n_layers: 4 for a new draft when None; vocab_size: the GGUF drafts from
     that many of the answers' most probable tokens (draft_vocab), and training's loss is over them; 0: from
-    the whole vocabulary."""
+    the whole vocabulary; quant_aware: train through `quant`'s rounding (see train), so the draft may have all the
+    target's layers."""
     from edgespec.export import export_source
     from edgespec.models.corpus import build_corpus, check_also, read_corpora
     from edgespec.models.source import Source, resolve
@@ -329,6 +407,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     out = Path(out)
     if out.suffix.lower() != ".gguf":
         raise EdgespecError(f"the draft is written as GGUF: give --out a .gguf file name, not {out}")
+    if quant_aware and quant not in QUANT_AWARE:
+        raise EdgespecError(f"--quant-aware trains for {' or '.join(QUANT_AWARE)}; --quant is {quant}")
     if target is None:
         from edgespec.models.default import default_target
 
@@ -342,7 +422,9 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     check_also(corpus, also_corpora)
     if init is not None:
         init = Path(init)
-        check_init(init, src.path, n_layers)
+        check_init(init, src.path, n_layers, full_depth=quant_aware)
+    else:
+        check_new_draft(src.path, n_layers or 4, full_depth=quant_aware)
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
@@ -354,7 +436,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     subset = answer_subset(seqs, _n_vocab(src.path), vocab_size) if vocab_size else None
     t0 = time.perf_counter()
     model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
-                          init=init, subset=subset, **train_kwargs)
+                          init=init, subset=subset, quant_aware=quant if quant_aware else None, **train_kwargs)
     train_s = time.perf_counter() - t0
     checkpoint = save_checkpoint(model, src.path, out.with_name(out.stem + ".hf"))
     summary = {"draft": str(out), "checkpoint": str(checkpoint), "corpus": str(corpus),
