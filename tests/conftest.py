@@ -58,7 +58,7 @@ def tiny_checkpoint(tmp_path_factory):
     return folder
 
 
-def soft_llama(folder: Path, layer_scale: float = 1.0) -> Path:
+def soft_llama(folder: Path, layer_scale: float = 1.0, hidden_size: int = 64) -> Path:
     """A tiny random 3-layer Llama with SmolLM2's tokenizer and soft distributions (a 1-layer draft starts
     measurably away from it); layer_scale multiplies its decoder layers' linear weights."""
     import torch
@@ -66,7 +66,7 @@ def soft_llama(folder: Path, layer_scale: float = 1.0) -> Path:
 
     from edgespec.models.smollm2 import save_tokenizer
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+    config = LlamaConfig(vocab_size=49152, hidden_size=hidden_size, intermediate_size=128, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(1)

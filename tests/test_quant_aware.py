@@ -105,7 +105,11 @@ def test_a_full_depth_draft_without_rounding_or_an_unknown_type_is_refused_befor
     with pytest.raises(EdgespecError, match="1 to 3 layers"):
         distill(target, tmp_path / "d.gguf", source=soft_checkpoint, prompts=prompts, n_layers=4, quant="q4_0",
                 quant_aware=True, progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["target.gguf"]
+    odd = soft_llama(tmp_path / "odd", hidden_size=48)  # 48 inputs: not blocks of 32
+    with pytest.raises(EdgespecError, match="inputs of 48, which do not split"):
+        distill(target, tmp_path / "d.gguf", source=odd, prompts=prompts, n_layers=3, quant="q4_0",
+                quant_aware=True, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd", "target.gguf"]
 
 
 def test_a_full_depth_draft_goes_on_training_only_quantization_aware(soft_checkpoint):

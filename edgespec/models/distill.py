@@ -205,6 +205,17 @@ def round_layers(torch, draft, quant: str) -> int:
     return len(linears)
 
 
+def check_blocks(source: Path, quant: str) -> None:
+    """Every decoder layer input (the hidden width, the MLP's) must split into rounding blocks; said before any
+    corpus is built (round_layers checks each layer again)."""
+    _, transformers = _torch()
+    config = transformers.AutoConfig.from_pretrained(source)
+    odd = {w for w in (config.hidden_size, config.intermediate_size) if w % BLOCK}
+    if odd:
+        raise EdgespecError(f"{quant} rounds blocks of {BLOCK} weights; this model's layers take inputs of "
+                            f"{', '.join(map(str, sorted(odd)))}, which do not split into them")
+
+
 def keep_rounded(torch, draft) -> None:
     """Replace each wrapped weight by its rounded value: the checkpoint then holds what the GGUF will hold
     (rounding it again changes nothing), so the export's parity check compares like with like."""
@@ -425,6 +436,8 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
         check_init(init, src.path, n_layers, full_depth=quant_aware)
     else:
         check_new_draft(src.path, n_layers or 4, full_depth=quant_aware)
+    if quant_aware:
+        check_blocks(src.path, quant)
     t0 = time.perf_counter()
     # hidden states too where the target gives them (GGUF): the same corpus then trains draft heads
     manifest = build_corpus(target, prompts, corpus, max_tokens=max_tokens, temperature=temperature, seed=seed,
