@@ -355,7 +355,9 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     report["initial_by_category"] = by_category0
     start = f"target layers {picks}" if init is None else f"from {init}" if grown is None else \
         f"from {init}, new layers where 'new' stands in {grown}"
-    say(progress, f"draft of {n_layers} layers ({start}); held-out top-1 agreement {agree0:.3f} before training")
+    rounded = f", computing with its layers rounded as {quant_aware}" if quant_aware else ""
+    say(progress, f"draft of {n_layers} layers ({start}{rounded}); held-out top-1 agreement {agree0:.3f} before "
+                  "training")
     step = 0
     for epoch in range(epochs):
         t0, losses = time.perf_counter(), []
