@@ -60,7 +60,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 def soft_llama(folder: Path, layer_scale: float = 1.0, hidden_size: int = 64) -> Path:
     """A tiny random 3-layer Llama with SmolLM2's tokenizer and soft distributions (a 1-layer draft starts
-    measurably away from it); layer_scale multiplies its decoder layers' linear weights."""
+    measurably away from it); layer_scale multiplies its decoder layers' linear weights, hidden_size sets its
+    width (64; one that is not a multiple of 32 cannot be rounded in GGUF blocks)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

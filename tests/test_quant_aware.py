@@ -116,6 +116,9 @@ def test_a_full_depth_draft_goes_on_training_only_quantization_aware(soft_checkp
     from edgespec.models.distill import check_init
 
     check_init(soft_checkpoint, soft_checkpoint, full_depth=True)  # a Llama of the target's shapes and depth
+    check_init(soft_checkpoint, soft_checkpoint, n_layers=3, full_depth=True)  # --layers as when it was made
+    with pytest.raises(EdgespecError, match="give 3 \\(its own\\) to 3 \\(the target's\\)"):
+        check_init(soft_checkpoint, soft_checkpoint, n_layers=4, full_depth=True)
     with pytest.raises(EdgespecError, match="a full-depth draft trains only with --quant-aware"):
         check_init(soft_checkpoint, soft_checkpoint)
 

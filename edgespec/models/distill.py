@@ -92,7 +92,8 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_h
 def check_init(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False) -> None:
     """A draft distilled before (its Hugging Face checkpoint) may go on training only if it is a Llama of the
     source's shapes with fewer layers (as many where full_depth: quantization-aware), and be deepened
-    (n_layers) only to fewer layers than the source's; said before any corpus is built."""
+    (n_layers) only to fewer layers than the source's (as many where full_depth); said before any corpus is
+    built."""
     _, transformers = _torch()
     if not (init / "config.json").is_file():
         raise EdgespecError(f"--init needs a distilled draft's checkpoint folder (the .hf beside its GGUF); "
@@ -111,9 +112,10 @@ def check_init(init: Path, source: Path, n_layers: int | None = None, full_depth
         raise EdgespecError(f"--init {init} has {config.num_hidden_layers} layers, the target "
                             f"{target.num_hidden_layers}: not a draft"
                             + ("" if full_depth else " (a full-depth draft trains only with --quant-aware)"))
-    if n_layers is not None and not config.num_hidden_layers <= n_layers < target.num_hidden_layers:
+    most = target.num_hidden_layers if full_depth else target.num_hidden_layers - 1
+    if n_layers is not None and not config.num_hidden_layers <= n_layers <= most:
         raise EdgespecError(f"--layers {n_layers} with --init deepens the draft: give {config.num_hidden_layers} "
-                            f"(its own) to {target.num_hidden_layers - 1} (one fewer than the target's)")
+                            f"(its own) to {most} ({'the target' if full_depth else 'one fewer than the target'}'s)")
 
 
 def resume_draft(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False):
