@@ -26,6 +26,7 @@ from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
 from edgespec.runtime.loop import Event, Stats, speculate
 from edgespec.runtime.model_info import read_model_info
+from edgespec.runtime.onnx_backend import SPIN_WITHIN_RUNS
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.subset_draft import SubsetDraft
 from edgespec.runtime.text import render_chat
@@ -164,10 +165,10 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
 
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
                kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False,
-               spin: bool = False) -> Backend:
+               spin: bool | str = False) -> Backend:
     """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
 
-    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider and spin (threads spin between ops) to
+    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider and spin (how threads spin between ops) to
     onnxruntime; hidden (return hidden states too, for draft heads) to both.
     """
     path = Path(path)
@@ -318,7 +319,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
          profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
-         gate: bool = True, spin: bool | None = None) -> Engine:
+         gate: bool = True, spin: bool | str | None = None) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -341,9 +342,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
             confidence in it (runtime/cost.DraftGate); False drafts the controller's k every round.
-        spin: an ONNX target's onnxruntime threads spin between ops; None (default): only where nothing runs
-            beside the target (no draft, or prompt lookup), since spinning threads take the cores a draft model
-            or a head's threads need.
+        spin: how an ONNX target's onnxruntime threads spin between ops (runtime/onnx_backend.open_session):
+            True, also between runs; "runs", within each run only; False, never. None (default): True where
+            nothing runs beside the target (no draft, or prompt lookup), "runs" beside a draft model or heads,
+            whose threads need the cores between the target's runs.
     """
     from edgespec.runtime.plan_report import refusal
     from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
@@ -387,7 +389,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         provider = provider or ("auto" if gpu_providers else "cpu")
     provider = provider or "cpu"
     if spin is None:
-        spin = draft is None or str(draft) in ("none", "ngram")
+        spin = True if draft is None or str(draft) in ("none", "ngram") else SPIN_WITHIN_RUNS
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
                                 hidden=hidden or heads_kind(draft) is not None, spin=spin, **settings)
     try:

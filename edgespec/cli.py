@@ -259,7 +259,8 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
     """Target-only vs speculative decoding, side by side in one process, per category.
 
     Target-only runs on the speculative engine with drafting off, or, where the target runs differently
-    beside a draft (an ONNX target spins its threads only alone), on the target loaded alone beside it."""
+    beside a draft (an ONNX target's threads spin on between runs only alone), on the target loaded alone beside
+    it."""
     from edgespec.bench import format_comparison, format_report, read_prompts, run_bench, runs_as_alone
 
     prompts = read_prompts(prompts_file)

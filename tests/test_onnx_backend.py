@@ -159,27 +159,38 @@ def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_pat
     assert not (tmp_path / "corpus").exists() and not (tmp_path / "h.medusa.npz").exists()
 
 
-def test_the_target_spins_only_where_nothing_runs_beside_it(tiny_onnx):
-    """onnxruntime's threads spin between ops (faster alone) only where no draft model or head runs beside the
-    target, whose threads a spinning pool would take; `spin` overrides that."""
+def test_the_target_spins_between_runs_only_where_nothing_runs_beside_it(tiny_onnx):
+    """onnxruntime's threads spin between ops (faster) and, where no draft model or head runs beside the target,
+    on between runs too; beside one they stop at the end of each run, so the draft's threads get the cores; `spin`
+    overrides that, and a setting onnxruntime has no name for is refused."""
     from edgespec.api import load
 
-    def spinning(backend) -> str:
-        return backend._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    def spinning(backend) -> tuple[str, str]:
+        options = backend._session.get_session_options()
+        try:
+            stop = options.get_session_config_entry("session.force_spinning_stop")
+        except RuntimeError:  # not set: onnxruntime's default, spinning on between runs
+            stop = "0"
+        return options.get_session_config_entry("session.intra_op.allow_spinning"), stop
 
-    for draft, expected in [("none", "1"), ("ngram", "1"), (str(tiny_onnx), "0"), (f"ngram+{tiny_onnx}", "0")]:
+    for draft, expected in [("none", ("1", "0")), ("ngram", ("1", "0")), (str(tiny_onnx), ("1", "1")),
+                            (f"ngram+{tiny_onnx}", ("1", "1"))]:
         engine = load(tiny_onnx, draft, n_ctx=64)
         assert spinning(engine.target) == expected, draft
-        assert engine.draft_backend is None or spinning(engine.draft_backend) == "0"
+        assert engine.draft_backend is None or spinning(engine.draft_backend) == ("0", "0")
         engine.close()
-    engine = load(tiny_onnx, "ngram", n_ctx=64, spin=False)
-    assert spinning(engine.target) == "0"
-    engine.close()
+    for spin, expected in [(False, ("0", "0")), ("runs", ("1", "1")), (True, ("1", "0"))]:
+        engine = load(tiny_onnx, "ngram", n_ctx=64, spin=spin)
+        assert spinning(engine.target) == expected, spin
+        engine.close()
+    with pytest.raises(EdgespecError, match="spin must be one of"):
+        load(tiny_onnx, "ngram", n_ctx=64, spin="always")
 
 
 def test_bench_times_target_only_on_the_target_loaded_alone(tiny_onnx, tmp_path, monkeypatch):
-    """Beside a draft model an ONNX target does not spin, so bench runs target-only on the target loaded alone
-    (spinning, as a user without a draft runs it), loaded once; beside prompt lookup the engine is the same."""
+    """Beside a draft model an ONNX target's threads spin within runs only, so bench runs target-only on the
+    target loaded alone (spinning on between runs, as a user without a draft runs it), loaded once; beside
+    prompt lookup the engine is the same."""
     import json
 
     from click.testing import CliRunner
@@ -210,7 +221,7 @@ def test_bench_times_target_only_on_the_target_loaded_alone(tiny_onnx, tmp_path,
     base = [(drafter, spin) for drafter, draft_max, spin in calls if draft_max == 0]
     assert base == [(None, True)] * 2 + [("ngram", True)] * 2 + [(None, True)] * 2
     spec = [(drafter, spin) for drafter, draft_max, spin in calls if draft_max != 0]
-    assert spec == [("model", False)] * 2 + [("ngram", True)] * 2 + [("model", False)] * 2
+    assert spec == [("model", "runs")] * 2 + [("ngram", True)] * 2 + [("model", "runs")] * 2
     assert loads.count(True) == 1  # the target alone loaded once, closed at the end
 
 

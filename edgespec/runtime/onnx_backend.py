@@ -99,17 +99,27 @@ def available_providers() -> tuple[str, ...]:
     return tuple(names[p] for p in ort.get_available_providers() if p in names)
 
 
-def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool, spin: bool = False):
-    """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, spinning only with `spin`.
+SPIN_WITHIN_RUNS = "runs"  # spin between the ops of a run, stop at its end (see open_session)
+SPIN_SETTINGS = (False, SPIN_WITHIN_RUNS, True)
+
+
+def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool, spin: bool | str = False):
+    """An InferenceSession on `provider` (CPU for the ops it lacks), quiet, its threads spinning as `spin` says.
     onnxruntime falls back to the CPU when the provider's libraries do not load: with `strict` that is an error.
 
-    A spinning pool wakes faster between ops (the f32 SmolLM2 export decoded 12 % faster alone here) but burns
-    the cores between runs, which a draft model, an EAGLE head's llama.cpp threads or the other model of a pair
-    need (with the head beside it, no faster: benchmarks/onnx_spinning.py)."""
+    spin: False, the threads block as soon as they run out of work; SPIN_WITHIN_RUNS, they spin between the ops
+    of a run and stop at its end (session.force_spinning_stop); True, they also spin on after a run. A spinning
+    pool wakes faster between ops (the f32 SmolLM2 export decoded 12 % faster alone here), but one that spins on
+    after a run takes the cores that a draft model, an EAGLE head's llama.cpp threads or the other model of a
+    pair need before the next run (benchmarks/onnx_spinning.py)."""
+    if spin not in SPIN_SETTINGS:
+        raise EdgespecError(f"spin must be one of {', '.join(map(repr, SPIN_SETTINGS))}, got {spin!r}")
     options = ort.SessionOptions()
     options.intra_op_num_threads = n_threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
+    for pool in ("intra_op", "inter_op"):
+        options.add_session_config_entry(f"session.{pool}.allow_spinning", "0" if spin is False else "1")
+    if spin == SPIN_WITHIN_RUNS:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 2 if os.environ.get("EDGESPEC_ORT_LOG") else 3  # warnings, else errors only
     providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
     if provider == "TensorrtExecutionProvider":
@@ -229,10 +239,10 @@ class OnnxBackend:
     """An exported ONNX decoder and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 provider: str = "cpu", hidden: bool = False, spin: bool = False):
+                 provider: str = "cpu", hidden: bool = False, spin: bool | str = False):
         """hidden: forward also keeps the final hidden state of every row it returns logits for (last_hidden),
-        for draft heads; the export must have the output (edgespec export writes it). spin: onnxruntime's
-        threads spin between ops (faster when nothing else runs beside the model; see open_session)."""
+        for draft heads; the export must have the output (edgespec export writes it). spin: whether onnxruntime's
+        threads spin between ops, within runs only (SPIN_WITHIN_RUNS) or also between them (see open_session)."""
         folder = check_onnx_folder(folder)
         ort = _require("onnxruntime")
         self.name, self.path = folder.name, folder
