@@ -117,7 +117,7 @@ def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool
     options = ort.SessionOptions()
     options.intra_op_num_threads = n_threads
     for pool in ("intra_op", "inter_op"):
-        options.add_session_config_entry(f"session.{pool}.allow_spinning", "0" if spin is False else "1")
+        options.add_session_config_entry(f"session.{pool}.allow_spinning", "1" if spin else "0")
     if spin == SPIN_WITHIN_RUNS:
         options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 2 if os.environ.get("EDGESPEC_ORT_LOG") else 3  # warnings, else errors only
