@@ -68,7 +68,7 @@ def main() -> None:
         base = sum(speeds["off"]) / len(speeds["off"])
         cells = [" ".join(f"{v:.1f}" for v in speeds[name]) + f"  {sum(speeds[name]) / len(speeds[name]) / base:.3f}"
                  for name in SETTINGS]
-        print(f"{draft[-24:]:<24}" + "".join(f"{cell:>26}" for cell in cells))
+        print(f"{draft.rsplit('/', 1)[-1]:<24}" + "".join(f"{cell:>26}" for cell in cells))
 
 
 if __name__ == "__main__":
