@@ -63,9 +63,8 @@ $(QAT_DRAFT): | pair
 # that draft, one more epoch with the f32 target's answers to the other 1215 built-in training prompts beside
 # the first 585: about 31 minutes of answers and 20 of training on 2 CPU cores
 QAT_DRAFT_ALL := $(dir $(PAIR))draft-qat2-q4_0.gguf
-REST_PROMPTS := import json; from edgespec.models.distill import read_train_prompts as r; p = r(); \
-	q = [x for c in sorted({x["cat"] for x in p}) for x in [x for x in p if x["cat"] == c][::3][:100]]; \
-	[print(json.dumps(x)) for x in p if x not in q]
+REST_PROMPTS := import json; from edgespec.models.distill import read_train_prompts as r; \
+	q = [json.loads(line) for line in open("$(PAIR_DIR)/qat-prompts.jsonl")]; [print(json.dumps(x)) for x in r() if x not in q]
 qat-draft-all: $(QAT_DRAFT_ALL)
 
 $(QAT_DRAFT_ALL): | qat-draft

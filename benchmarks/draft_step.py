@@ -18,6 +18,7 @@ from pathlib import Path
 
 from edgespec.api import open_drafter, open_model
 from edgespec.runtime.cost import measure_pass_costs
+from edgespec.runtime.onnx_backend import SPIN_WITHIN_RUNS
 
 CONTEXT = 64  # tokens in both caches before timing: a short answer's worth
 
@@ -43,7 +44,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    target = open_model(args.target, n_ctx=512, threads=args.threads)
+    # an ONNX target's threads spin as api.load sets them beside a draft (a GGUF target ignores spin)
+    target = open_model(args.target, n_ctx=512, threads=args.threads, spin=SPIN_WITHIN_RUNS)
     n_vocab = target.vocab.n_vocab
     context = [(i * 7919 + 13) % n_vocab for i in range(CONTEXT)]
     verify = [(i * 104729 + 7) % n_vocab for i in range(4)]
