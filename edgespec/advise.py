@@ -38,6 +38,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import sync
 from edgespec.runtime.cost import DraftController, measure_pass_costs
 from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter, catch_up
+from edgespec.runtime.laws import dense
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
 GREEDY = SamplingParams()
@@ -227,6 +228,7 @@ def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: 
                 drafts, q = drafter.propose(context, k_max, settings, rng)
                 depth = min(len(drafts), n - i)
                 if depth:
+                    q = dense(q, drafts, rows.shape[1])  # [len(drafts), V]
                     table[i, :depth] = overlap(rows[i:i + depth], q[:depth])
             if params.greedy:
                 beta_t0[i] = beta[i]
@@ -234,7 +236,8 @@ def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: 
             if first:
                 guess[i] = first[0]
                 if q_raw is not None:
-                    q_raw[i] = drafter.propose(context, 1, RAW, rng)[1][0]
+                    raw_tokens, raw_q = drafter.propose(context, 1, RAW, rng)
+                    q_raw[i] = dense(raw_q, raw_tokens, q_raw.shape[1])[0]
         if q_raw is not None:
             q_raw[guess < 0] = p_raw[guess < 0]  # no draft there: masked below, any row will do
     return beta, beta_t0, depth1_stats(p_raw, q_raw, guess, beta[:, 0], beta_t0[:, 0])

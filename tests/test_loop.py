@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from fake import EOS, FakeBackend, deterministic_table, random_table
 from stats_util import ALPHA, goodness_of_fit
-from test_verify import without_residual
+from test_verify import target_instead_of_residual
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime import loop as loop_module
+from edgespec.runtime import laws as laws_module
 from edgespec.runtime.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
 from edgespec.runtime.drafts import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams, sample
+from edgespec.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 V = 6
@@ -188,7 +188,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
     from edgespec.runtime import verify as verify_module
 
     if broken and width == 1:
-        monkeypatch.setattr(loop_module, "verify", without_residual)
+        monkeypatch.setattr(laws_module, "residual", target_instead_of_residual)
     elif broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
     draws, drafted, verdicts = [], 0, Counter()  # verdicts: the gate's, keep (True) or end the chain
@@ -255,15 +255,15 @@ def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
     t_table[:, EOS] = d_table[:, EOS] = -1e9
     drawn = []
 
-    def recorded(probs, rng):
-        drawn.append(sample(probs, rng))
+    def recorded(row_law, rng):
+        drawn.append(row_law.sample(rng))
         return drawn[-1]
 
     def of_the_draw(logits):
         e = np.exp(logits - logits.max())
         return float(e[drawn[-1]] / e.sum())
 
-    monkeypatch.setattr(drafts_module, "sample", recorded)
+    monkeypatch.setattr(drafts_module, "draw", recorded)
     monkeypatch.setattr(drafts_module, "confidence", of_the_draw)
     # costs and a calibration under which the real gate keeps drafts made at confidence 0.5 or more and only
     # those (a verify row costs a tenth of a pass; drafts below are accepted 5 % of the time, above 90 %)

@@ -71,6 +71,11 @@ def without_residual(target_probs, draft_probs, draft_tokens, rng):
     return len(draft_tokens), sample(target_probs[-1], rng)
 
 
+def target_instead_of_residual(target, draft, token, n_vocab):
+    """The same wrong rule on laws (runtime/laws.residual's place): after a rejection, the target's own law."""
+    return target
+
+
 TARGET = np.array([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
 DRAFT = np.array([[0.1, 0.6, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
 

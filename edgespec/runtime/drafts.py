@@ -1,8 +1,9 @@
 """Drafters: who proposes the next k tokens. The loop verifies; a drafter only guesses.
 
-A drafter returns tokens [<=k] and the probabilities it drew them from [<=k, V]. A deterministic
-guess (prompt lookup) is a one-hot distribution, for which the verification rule reduces to
-"accept with the target's probability of that token", and stays exact.
+A drafter returns tokens [<=k] and the laws it drew them from: a list of runtime/laws.Law (a draft model),
+dense probability rows [<=k, V] (heads), or None for a deterministic guess (prompt lookup): each token had
+probability 1, for which the verification rule reduces to "accept with the target's probability of that
+token", and stays exact.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import numpy as np
 
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
 from edgespec.runtime.cost import DraftController
-from edgespec.runtime.sampling import SamplingParams, candidates, sample, to_probs
+from edgespec.runtime.laws import Law, law
+from edgespec.runtime.ngram import NgramIndex, lookup  # noqa: F401 (lookup: the reference, for tests)
+from edgespec.runtime.sampling import SamplingParams, candidates, to_probs
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
@@ -24,8 +27,8 @@ class Drafter(Protocol):
     name: str
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
-        """Up to k tokens continuing `context`, and their draft probabilities [len, V]."""
+                rng: np.random.Generator) -> tuple[list[int], list[Law] | np.ndarray | None]:
+        """Up to k tokens continuing `context`, and the laws they were drawn from (see the module docstring)."""
         ...
 
 
@@ -153,20 +156,20 @@ class ModelDrafter:
         seen = self.visible(context)
         k = min(k, self.backend.n_ctx - len(seen))
         if k <= 0:
-            return [], np.empty((0, self.backend.vocab.n_vocab))
+            return [], []
         logits = sync(self.backend, seen, 1)[0]  # [V]
-        tokens, rows = [], []
+        tokens, laws = [], []
         eog = self.backend.vocab.eog_ids
         consumed = 0  # tokens the constraint advanced by, undone at the end
         while True:
             if constraint is not None:  # the grammar's mask before sampling, as the loop does for the target
                 logits = np.where(constraint.allowed(), logits, -np.inf)
-            probs = to_probs(logits, params)  # [V]
-            token = sample(probs, rng)
+            row_law = law(logits, params)
+            token = draw(row_law, rng)
             if gate is not None and not gate.keep(confidence(logits)):
                 break
             tokens.append(token)
-            rows.append(probs)
+            laws.append(row_law)
             if constraint is not None:
                 if not constraint.consume(token):
                     break
@@ -178,7 +181,7 @@ class ModelDrafter:
             logits = self.backend.forward([token], 1)[0]
         if constraint is not None:
             constraint.rollback(consumed)
-        return tokens, np.stack(rows) if rows else np.empty((0, self.backend.vocab.n_vocab))
+        return tokens, laws
 
 
 class PromptLookupDrafter:
@@ -189,10 +192,15 @@ class PromptLookupDrafter:
         self.n_vocab, self.max_ngram, self.min_ngram = n_vocab, max_ngram, min_ngram
         self.name = "ngram"
         self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
+        self._index = NgramIndex(max_ngram, min_ngram)
 
     def propose(self, context, k, params, rng):
-        tokens = lookup(np.asarray(context), k, self.max_ngram, self.min_ngram)
-        return tokens, one_hot(tokens, self.n_vocab)
+        """Tokens with probability 1 each: no law."""
+        return self._index.lookup(context, k), None
+
+    def reset(self) -> None:
+        """Before a generation (another text)."""
+        self._index.reset()
 
 
 class LookupFirstDrafter:
@@ -213,6 +221,7 @@ class LookupFirstDrafter:
         self.grammar_aware = getattr(inner, "grammar_aware", False)
         self.last_free = False  # the last proposal came from lookup
         self.lookup_controller: DraftController | None = None  # made from the loop's controller on first use
+        self._index = NgramIndex(max_ngram, min_ngram)
         self._match: tuple[int, list[int]] = (-1, [])  # (context length, what lookup found there): one search a round
 
     def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
@@ -226,10 +235,9 @@ class LookupFirstDrafter:
 
     def _lookup(self, context, k: int) -> list[int]:
         """Up to k tokens lookup proposes after `context`. The loop asks three times a round (length, catching up,
-        proposal) about a text that only grows between resets, so its length names it (0.14 ms a search at 1000
-        tokens, a few percent of a target step)."""
+        proposal) about a text that only grows between resets, so its length names it."""
         if self._match[0] != len(context):
-            self._match = (len(context), lookup(np.asarray(context), MAX_DRAFT, self.max_ngram, self.min_ngram))
+            self._match = (len(context), self._index.lookup(context, MAX_DRAFT))
         return self._match[1][:k]
 
     def catch_up(self, context: list[int]) -> None:
@@ -243,12 +251,13 @@ class LookupFirstDrafter:
         tokens = self._lookup(context, k)
         self.last_free = bool(tokens)
         if tokens:
-            return tokens, one_hot(tokens, self.n_vocab)
+            return tokens, None
         return self.inner.propose(context, k, params, rng, **options)
 
     def reset(self) -> None:
         """Before a generation (another text)."""
         self._match = (-1, [])
+        self._index.reset()
         if hasattr(self.inner, "reset"):
             self.inner.reset()
 
@@ -257,22 +266,13 @@ class LookupFirstDrafter:
             self.inner.observe_target(target, n_accepted, position)
 
 
+def draw(row_law: Law, rng: np.random.Generator) -> int:
+    """A draft token from its law (a greedy law draws nothing from rng)."""
+    return row_law.sample(rng)
+
+
 def one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
-    """The law of a deterministic guess: one-hot rows [len, V]."""
+    """The law of a deterministic guess as dense rows [len, V] (for reference computations)."""
     probs = np.zeros((len(tokens), n_vocab))
     probs[np.arange(len(tokens)), tokens] = 1.0
     return probs
-
-
-def lookup(context: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """Tokens that followed the most recent earlier match of the longest matching suffix n-gram."""
-    n_ctx = len(context)
-    if k == 0:
-        return []
-    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [n_ctx - n, n]
-        starts = np.nonzero((windows == context[-n:]).all(axis=1))[0]
-        if len(starts):
-            follow = starts[-1] + n
-            return context[follow:follow + k].tolist()
-    return []

@@ -207,12 +207,17 @@ class LlamaBackend(LlamaHandles):
                 self.rollback(len(self.tokens))  # drop whatever part of the chunk got in
                 raise
             self.tokens.extend(chunk)
-            for j in range(max(first_out, 0), len(chunk)):
-                row = lib.llama_get_logits_ith(self._ctx, j)
-                out[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.vocab.n_vocab,))
-                if hidden is not None:
-                    row = lib.llama_get_embeddings_ith(self._ctx, j)
-                    hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
+            tail = len(chunk) - max(first_out, 0)  # the chunk's last rows, the ones asked for
+            if tail > 0:
+                # one copy out of llama.cpp's output buffer (its rows in batch order); with hidden states on,
+                # every row of the chunk has an output and the ones asked for are its last
+                n_out = len(chunk) if with_hidden else tail
+                rows = np.ctypeslib.as_array(lib.llama_get_logits(self._ctx), shape=(n_out, self.vocab.n_vocab))
+                at = start + max(first_out, 0) - (n - n_logits)
+                out[at:at + tail] = rows[n_out - tail:]
+            for j in range(max(first_out, 0), len(chunk)) if hidden is not None else ():
+                row = lib.llama_get_embeddings_ith(self._ctx, j)
+                hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
         self.last_hidden = hidden
         return out
 

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime import laws
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, sync
 from edgespec.runtime.constraint import Constraint, restrict
 from edgespec.runtime.cost import DraftController
 from edgespec.runtime.drafts import Drafter, catch_up
 from edgespec.runtime.sampling import SamplingParams, to_probs
 from edgespec.runtime.text import TextStream
-from edgespec.runtime.verify import acceptance_prob, verify, verify_tree
+from edgespec.runtime.verify import verify_tree
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 stats.tree_nodes += n_pass - 1
             else:
                 round_gate = controller.gate() if gated and k > 0 else None
-                drafts, n_acc, token, target_probs, t1, t2 = _chain_round(target, drafter, committed, k, params,
-                                                                          rng, constraint, round_gate)
+                drafts, n_acc, token, target_laws, t1, t2 = _chain_round(target, drafter, committed, k, params,
+                                                                         rng, constraint, round_gate)
                 n_pass, k_round = len(drafts) + 1, len(drafts)
                 if round_gate is not None:
                     controller.observe_gate(round_gate, len(drafts), n_acc)
@@ -219,7 +220,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
                     if guess:
-                        controller.observe_shadow(acceptance_prob(target_probs[0], guess_probs[0], guess[0]))
+                        guess_law = laws.as_laws(guess_probs, 1)[0]
+                        controller.observe_shadow(laws.acceptance(target_laws[0], guess_law, guess[0]))
 
             for i, tok in enumerate([*drafts[:n_acc], token]):
                 committed.append(tok)
@@ -249,8 +251,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
 
 def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None):
     """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass; the target's
-    cache keeps the accepted ones. Returns (drafts, accepted, next token, target rows, draft end time, verify
-    end time)."""
+    cache keeps the accepted ones. Returns (drafts, accepted, next token, the target's laws (laws.Rows), draft end
+    time, verify end time)."""
     drafts, draft_probs = [], None
     if k > 0:
         options = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
@@ -264,13 +266,13 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
     logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
     if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
         logits = np.where(allowed, logits, -np.inf)
-    target_probs = to_probs(logits, params)  # [k+1, V]
-    if not drafts:  # k = 0 is the same rule with nothing to accept: a plain target sample
-        draft_probs = target_probs[:0]
-    n_acc, token = verify(target_probs, draft_probs, np.asarray(drafts, dtype=np.int64), rng)
+    target_laws = laws.Rows(logits, params)  # each row processed when the rule first reads it
+    # k = 0 is the same rule with nothing to accept: a plain target sample
+    n_acc, token = laws.verify(target_laws, laws.as_laws(draft_probs, len(drafts)), drafts, target.vocab.n_vocab, rng)
     t2 = time.perf_counter()
-    target.rollback(len(committed) + n_acc)
-    return drafts, n_acc, token, target_probs, t1, t2
+    if len(committed) + n_acc < len(target.tokens):  # nothing to drop after a round that kept every draft
+        target.rollback(len(committed) + n_acc)
+    return drafts, n_acc, token, target_laws, t1, t2
 
 
 def _tree_round(target, drafter, committed, k, width, params, rng):
@@ -300,6 +302,8 @@ def _constrain(constraint, drafts, draft_probs):
         allowed.append(constraint.allowed())
     constraint.rollback(kept)
     allowed = np.stack(allowed)  # [kept+1, V]
-    if draft_probs is not None:
+    if isinstance(draft_probs, np.ndarray):
         draft_probs = restrict(draft_probs[:kept], allowed[:kept])
+    elif draft_probs is not None:
+        draft_probs = laws.restrict(draft_probs[:kept], allowed[:kept])
     return drafts[:kept], draft_probs, allowed

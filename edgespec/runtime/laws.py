@@ -1,0 +1,360 @@
+"""The rule at device speed: each row of logits becomes a law that answers only what the round asks of it.
+
+sampling.to_probs and verify.verify are the reference: dense float64 rows [V] for every position. On a 152k
+vocabulary a row costs milliseconds that way (a float64 copy, a full sort for top-p, a cumsum for one draw),
+more than a target pass on the devices edgespec runs on. Here a row is processed once, when the rule first
+reads it, into a Law:
+
+- greedy: `OneHot`, the argmax. Acceptance is an index comparison and nothing is drawn.
+- sampling: `Weights`, the processed weights (in the logits' float type) over the whole vocabulary, or over
+  the ids a filter kept (top-k, min-p: a few hundred), with their total. p(x) is one gathered value; a draw
+  is the reference's inverse CDF over ids in ascending order, found through block sums instead of a cumsum
+  over the vocabulary; top-p finds its cut by sorting a sample and then only the band where the cut lies.
+- a deterministic draft (prompt lookup) has no law at all: its token has probability 1.
+
+The residual max(0, p - q) is built only at a rejection, over p's support. Every function here gives the
+reference's token for the same uniforms, up to float rounding at a CDF boundary (tests/test_laws.py checks it
+on random rows), so the guarantee is the one sampling.py states, about the same processed distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.runtime.sampling import SamplingParams
+
+BLOCK = 1024  # ids per block of a draw: a cumsum over one block, not over the vocabulary
+SMALL = 4096  # supports up to this many ids are drawn from with one cumsum
+SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the row)
+BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
+UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
+OVERFLOW = 88.0  # exp of more is above float32's largest
+HEAD = 16  # top-p first tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
+TOP_K_COLUMNS = 64  # top-k takes its first bound from the maxima of this many strided columns' worth of rows
+
+
+class OneHot:
+    """A law with all its mass on one token: greedy decoding's target and draft rows."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def prob(self, token: int) -> float:
+        return 1.0 if token == self.token else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.token  # nothing to draw: greedy output does not depend on the generator
+
+
+class Weights:
+    """A law as weights: over the vocabulary (ids None, w [V]) or over ascending ids (ids [n], w [n]). sums: the
+    weights' sums per BLOCK ids, float64, where they were computed already (a draw needs them)."""
+
+    __slots__ = ("ids", "w", "total", "sums")
+
+    def __init__(self, ids: np.ndarray | None, w: np.ndarray, total: float, sums: np.ndarray | None = None):
+        self.ids, self.w, self.total, self.sums = ids, w, float(total), sums
+
+    def prob(self, token: int) -> float:
+        if self.ids is None:
+            return float(self.w[token]) / self.total
+        j = int(np.searchsorted(self.ids, token))
+        return float(self.w[j]) / self.total if j < len(self.ids) and self.ids[j] == token else 0.0
+
+    def probs_at(self, ids: np.ndarray | None, n_vocab: int) -> np.ndarray:
+        """Probabilities at `ids` ([n]; None: every id, [V]), float64."""
+        if self.ids is None:
+            w = self.w if ids is None else self.w[ids]
+            return w.astype(np.float64) / self.total
+        if ids is None:
+            out = np.zeros(n_vocab)
+            out[self.ids] = self.w / self.total
+            return out
+        j = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.where(self.ids[j] == ids, self.w[j] / self.total, 0.0)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.draw(rng.random())
+
+    def draw(self, u: float) -> int:
+        """The id where the cumulative weight in ascending id order first exceeds u times the total: the
+        reference sampling.sample for the same uniform u."""
+        w = self.w
+        if len(w) <= SMALL:
+            cdf = np.cumsum(w, dtype=np.float64)
+            j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+            j = j if j < len(w) and w[j] > 0 else int(np.flatnonzero(w)[-1])
+        else:
+            if self.sums is None:
+                self.sums = block_sums(w)
+            j = _inverse_cdf(w, self.sums, u)
+        return j if self.ids is None else int(self.ids[j])
+
+
+def block_sums(w: np.ndarray) -> np.ndarray:
+    """Sums of w [n] per BLOCK ids [ceil(n / BLOCK)], float64 (each block summed pairwise in w's type)."""
+    full = len(w) // BLOCK * BLOCK
+    sums = w[:full].reshape(-1, BLOCK).sum(axis=1).astype(np.float64)
+    return np.append(sums, float(w[full:].sum())) if full < len(w) else sums
+
+
+def _inverse_cdf(w: np.ndarray, sums: np.ndarray, u: float) -> int:
+    """Index of the first position where cumsum(w) > u * sum(w) (a zero weight is never chosen), read through
+    the block sums: a cumsum over the blocks and over one block."""
+    cum = np.cumsum(sums)
+    x = u * cum[-1]
+    b = min(int(np.searchsorted(cum, x, side="right")), len(cum) - 1)
+    while sums[b] <= 0:  # rounding put x past the last block with mass
+        b -= 1
+    block = w[b * BLOCK:(b + 1) * BLOCK]
+    cdf = np.cumsum(block, dtype=np.float64)
+    j = int(np.searchsorted(cdf, x - (cum[b - 1] if b else 0.0), side="right"))
+    if j >= len(block) or block[j] <= 0:  # the block's sum and its cumsum round differently: its last token
+        j = int(np.flatnonzero(block)[-1])
+    return b * BLOCK + j
+
+
+Law = OneHot | Weights
+
+
+def law(logits: np.ndarray, params: SamplingParams) -> Law:
+    """The processed distribution of one row of logits [V] (float32 or float64, not modified): what
+    sampling.to_probs computes, filters in the same order (top-k, temperature, top-p, min-p)."""
+    row = np.asarray(logits)
+    if row.dtype != np.float32 and row.dtype != np.float64:
+        row = row.astype(np.float32)
+    if params.greedy:
+        return OneHot(int(row.argmax()))
+    n_vocab = row.shape[0]
+    if 0 < params.top_k < n_vocab:
+        ids = _top_k_ids(row, params.top_k)
+        return _small(ids, row[ids].astype(np.float64), params)
+    if params.min_p > 0 and params.top_p >= 1.0:
+        # min-p alone keeps p >= min_p * p_max, logits within T * log(1 / min_p) of the largest: a few ids. The
+        # bound is widened a little and the exact test is made on the weights, as the reference makes it.
+        top = row[row.argmax()]
+        ids = np.flatnonzero(row >= top + params.temperature * np.log(params.min_p) - 1e-3)
+        return _small(ids, row[ids].astype(np.float64), params)
+    return _full(row, params)
+
+
+def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids of the logits >= the k-th largest (ties at it kept), as the reference keeps them."""
+    n = len(row) // TOP_K_COLUMNS
+    if n >= 4 * k:
+        # the maxima of n disjoint strided columns are n distinct tokens: at least k logits are >= the k-th
+        # largest maximum, so every one of the top k is among the logits >= it
+        maxima = row[:n * TOP_K_COLUMNS].reshape(TOP_K_COLUMNS, n).max(axis=0)  # [n]
+        ids = np.flatnonzero(row >= np.partition(maxima, n - k)[n - k])
+        values = row[ids]
+        return ids[values >= np.partition(values, len(values) - k)[len(values) - k]]
+    return np.flatnonzero(row >= np.partition(row, len(row) - k)[len(row) - k])
+
+
+def _small(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Weights:
+    """A few ids (ascending) and their logits (float64): the reference's steps on them alone."""
+    e = np.exp((values - values.max()) / params.temperature)  # [n]
+    keep = np.ones(len(ids), dtype=bool)
+    if params.top_p < 1.0:
+        order = np.argsort(-e, kind="stable")  # ids ascend, so ties stay in id order, as in the reference
+        cumulative = np.cumsum(e[order])
+        n_keep = int(np.searchsorted(cumulative, params.top_p * cumulative[-1], side="left")) + 1
+        keep[:] = False
+        keep[order[:n_keep]] = True
+    if params.min_p > 0.0:
+        keep &= e >= params.min_p  # e of the largest logit is 1: p >= min_p * p_max
+    ids, e = ids[keep], e[keep]
+    return Weights(ids, e, float(e.sum()))
+
+
+def _full(row: np.ndarray, params: SamplingParams) -> Weights:
+    """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps). Masks are
+    applied by multiplying: a random mask over 152k ids costs ten times more as an indexed write (branches)."""
+    t = params.temperature
+    top, low = row[row.argmax()], row.min()
+    w = np.multiply(row, row.dtype.type(1.0 / t))  # [V]
+    shift = 0.0  # the logit whose weight is 1: none where float32 holds exp(logit / t) for every logit
+    if row.dtype != np.float32 or top / t > OVERFLOW or low / t < UNDERFLOW:
+        shift = top
+        w -= w.dtype.type(top / t)
+    if row.dtype == np.float32 and (low - shift) / t < UNDERFLOW:
+        # weights below float32's normal range are denormals, tens of times slower in every operation that
+        # touches them: they become 0 (the reference gives them under 1e-38 of the mass), as -inf logits do
+        np.maximum(w, UNDERFLOW, out=w)
+        np.exp(w, out=w)
+        w *= row > shift + UNDERFLOW * t
+    else:
+        np.exp(w, out=w)
+    if params.top_p < 1.0:
+        kept = _nucleus(row, w, shift, t, params.top_p * float(w.sum()))
+        if kept is not None:
+            ids, weights = kept
+            if params.min_p > 0.0:
+                keep = weights >= params.min_p * np.exp((top - shift) / t)
+                ids, weights = ids[keep], weights[keep]
+            return Weights(ids, weights, float(weights.sum()))
+    if params.min_p > 0.0:  # p >= min_p * p_max, in weights
+        w *= w >= w.dtype.type(params.min_p * np.exp((top - shift) / t))
+    sums = block_sums(w)
+    return Weights(None, w, float(sums.sum()), sums)
+
+
+def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
+             mass: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Top-p: keep the smallest prefix of the ids ordered by logit (largest first, ties by id) whose weight
+    reaches `mass` (w = exp((row - shift) / temperature)). Returns (ascending ids, their weights) where the
+    prefix is short; otherwise zeroes the rest of w [V] in place and returns None.
+
+    A sorted strided sample of the row estimates where the prefix ends. Where the logits at or above the
+    sample's HEAD-th largest carry `mass`, the cut is among them (a peaked row, the common case of a trained
+    model). Otherwise exact probes (the weight above a sampled logit, one pass over the row each) bracket the
+    cut, and only the logits inside the bracket are sorted (measured at 152k: one probe and a band of ~9k
+    logits). Every bracket is checked against the exact weights; the last resort is the whole row."""
+    stride = max(1, len(row) // SAMPLE)
+    sampled = np.sort(row[::stride])[::-1]  # [n], largest first
+    n = len(sampled)
+    h = min(HEAD, n - 1)
+    head = np.flatnonzero(row >= sampled[h])
+    if len(head) <= SMALL:
+        head_w = w[head]
+        if float(head_w.sum()) >= mass:
+            order = np.argsort(-row[head], kind="stable")  # head ascends: ties stay in id order
+            cumulative = np.cumsum(head_w[order], dtype=np.float64)
+            kept = np.sort(order[:int(np.searchsorted(cumulative, mass, side="left")) + 1])
+            return head[kept], head_w[kept]
+    sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
+    walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
+
+    def above(j: int) -> float:  # exact weight strictly above sampled[j]
+        return float((w * (row > sampled[j])).sum())  # pairwise in w's type: the cut needs its precision
+
+    # exact anchors: the weight above sampled[a] is below mass, the weight above sampled[b] reaches it (b = n:
+    # the whole row). Between them the sample's walk, rescaled to their exact difference, says where mass is
+    # reached; one probe a few sampling noises above that point becomes the band's top (or the new b), and
+    # the band's sorted weights show whether the cut lies inside it.
+    a, above_a = h, float(head_w[row[head] > sampled[h]].sum()) if len(head) <= SMALL else above(h)
+    b, above_b = n, float(w.sum())
+    for attempt in range(4):
+        if (b - a) * stride <= BAND or b - a <= 1 or attempt == 3:  # the bracket itself holds the cut
+            low = b
+        else:
+            scale = (above_b - above_a) / (walked[b] - walked[a])
+            j = a + int(np.searchsorted((walked[a:b] - walked[a]) * scale + above_a, mass))
+            step = max(4, int(2 * np.sqrt(b - a)))
+            probe, low = max(j - step, a + 1), min(j + step, b)
+            probe_mass = above(probe)
+            if probe_mass >= mass:
+                b, above_b = probe, probe_mass
+                continue
+            a, above_a = probe, probe_mass
+        inside = row <= sampled[a]
+        if low < n:
+            inside &= row >= sampled[low]
+        values = np.sort(row[np.flatnonzero(inside)])[::-1]  # [m], largest first
+        cumulative = above_a + np.cumsum(np.exp((values.astype(np.float64) - shift) / temperature))
+        if cumulative[-1] >= mass or low == b:
+            break
+    cut_at = min(int(np.searchsorted(cumulative, mass, side="left")), len(values) - 1)
+    cut = values[cut_at]
+    w *= row >= cut
+    if cut_at + 1 < len(values) and values[cut_at + 1] == cut:  # ties at the cut: keep the lowest ids
+        keep = cut_at + 1 - int(np.searchsorted(-values, -cut, side="left"))
+        w[np.flatnonzero(row == cut)[keep:]] = 0
+    return None
+
+
+class Rows:
+    """The laws of a pass's rows [n, V], each processed when the rule first reads it (a round that rejects its
+    first draft never processes the others)."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self.logits, self.params = logits, params
+        self._laws: list[Law | None] = [None] * len(logits)
+
+    def __len__(self) -> int:
+        return len(self._laws)
+
+    def __getitem__(self, i: int) -> Law:
+        if self._laws[i] is None:
+            self._laws[i] = law(self.logits[i], self.params)
+        return self._laws[i]
+
+
+def as_laws(draft_probs: np.ndarray | Sequence[Law] | None, n: int) -> Sequence[Law | None]:
+    """A drafter's probabilities as laws: dense rows [k, V] (heads) wrapped as they are, laws kept, None (a
+    deterministic proposal: probability 1 for each token) as n Nones."""
+    if draft_probs is None:
+        return [None] * n
+    if isinstance(draft_probs, np.ndarray):
+        return [Weights(None, row, 1.0) for row in draft_probs]
+    return draft_probs
+
+
+def dense(draft_probs: np.ndarray | Sequence[Law] | None, tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """A drafter's probabilities as dense rows [len(tokens), V], float64 (for reference computations)."""
+    out = np.zeros((len(tokens), n_vocab))
+    for i, (row, token) in enumerate(zip(as_laws(draft_probs, len(tokens)), tokens, strict=True)):
+        if row is None or isinstance(row, OneHot):
+            out[i, token if row is None else row.token] = 1.0
+        else:
+            out[i] = row.probs_at(None, n_vocab)
+    return out
+
+
+def acceptance(target: Law, draft: Law | None, token: int) -> float:
+    """min(1, p(x) / q(x)) for a drafted token x (q = 1 where draft is None)."""
+    q = 1.0 if draft is None else draft.prob(token)
+    return min(1.0, target.prob(token) / q) if q > 0 else 0.0
+
+
+def residual(target: Law, draft: Law | None, token: int, n_vocab: int) -> Law:
+    """The law to draw from after the rule rejected `token`: max(0, p - q) normalised, over p's support."""
+    if isinstance(target, OneHot):  # max(0, e_a - q) has mass only at a: a rejection emits the argmax
+        return target
+    if draft is None or isinstance(draft, OneHot):  # max(0, p - e_x): p without the rejected token
+        w = target.w.copy()
+        if target.ids is None:
+            w[token] = 0
+        else:
+            w[target.ids == token] = 0
+        total = float(w.sum())
+        return Weights(target.ids, w, total) if total > 0 else target
+    p = target.probs_at(None, n_vocab) if target.ids is None else target.w / target.total  # [V] or [n]
+    diff = np.maximum(p - draft.probs_at(target.ids, n_vocab), 0.0)
+    total = float(diff.sum())
+    # total == 0 only when p == q, where a rejection has probability zero; float noise gets p itself
+    return Weights(target.ids, diff, total) if total > 0 else target
+
+
+def verify(target: Sequence[Law], draft: Sequence[Law | None], tokens: Sequence[int], n_vocab: int,
+           rng: np.random.Generator) -> tuple[int, int]:
+    """verify.verify on laws: (n_accepted, next_token). target: k+1 laws (Rows, read lazily); draft: k laws
+    (None: the token was proposed with probability 1). Draws one uniform per judged draft and one for the
+    token, as the reference does, and none where the target is greedy."""
+    for i, token in enumerate(tokens):
+        p, q = target[i], draft[i]
+        if isinstance(p, OneHot):  # p(x) is 1 or 0: accepted exactly when the draft could propose the argmax
+            if token == p.token and (q is None or q.prob(token) > 0):
+                continue
+            return i, p.token
+        if rng.random() >= acceptance(p, q, token):
+            return i, residual(p, q, token, n_vocab).sample(rng)
+    return len(tokens), target[len(tokens)].sample(rng)
+
+
+def restrict(laws: Sequence[Law | None], allowed: np.ndarray) -> list[Law | None]:
+    """Draft laws masked to `allowed` [k, V] and renormalised (constraint.restrict on laws). A one-hot or
+    deterministic proposal the grammar allows stays as it is."""
+    out: list[Law | None] = []
+    for law_, mask in zip(laws, allowed, strict=False):
+        if law_ is None or isinstance(law_, OneHot):
+            out.append(law_)
+            continue
+        w = np.where(mask if law_.ids is None else mask[law_.ids], law_.w, 0)
+        total = float(w.sum())
+        out.append(Weights(law_.ids, w, total if total > 0 else 1.0))  # no allowed mass: every p(x) is 0
+    return out
