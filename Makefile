@@ -1,4 +1,4 @@
-# make install | chat | test | bench | pair | qat-draft | qat-draft-all | lint        (see README.md)
+# make install | chat | test | bench | bench-host | pair | qat-draft | qat-draft-all | lint        (see README.md)
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
@@ -12,7 +12,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench bench-pair bench-memory pair qat-draft qat-draft-all lint clean
+.PHONY: install chat test bench bench-pair bench-memory bench-host pair qat-draft qat-draft-all lint clean
 
 install: $(STAMP)
 
@@ -76,6 +76,16 @@ $(QAT_DRAFT_ALL): | qat-draft
 bench-pair: pair
 	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0
 	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0.7
+
+# the runtime's own work per token (docs/results/2026-11-26-loop-at-device-speed.md): the loop over rows only, at
+# 32k-152k vocabularies, then edgespec target-only against llama-cpp-python's generate on the default model and on a
+# random-weight model with a 152k vocabulary
+RANDOM_152K := $(PAIR_DIR)/random-135m-152064-f16.gguf
+bench-host: install
+	$(PY) benchmarks/loop_overhead.py
+	test -f $(RANDOM_152K) || $(PY) -m edgespec.models.random_gguf $(RANDOM_152K) --shape 135m --vocab 152064
+	$(PY) benchmarks/vs_llama_cpp_python.py
+	$(PY) benchmarks/vs_llama_cpp_python.py --model $(RANDOM_152K)
 
 bench-memory: pair
 	$(PY) benchmarks/memory.py --pair $(PAIR)

@@ -12,7 +12,7 @@ write the same tokens, which is checked and printed. The ratio is edgespec's tok
 llama-cpp-python's, summed over all prompts.
 
 usage: python benchmarks/vs_llama_cpp_python.py [--model FILE.gguf] [--prompts 8] [--max-tokens 128]
-       [--threads 2] [--gpu-layers 0] [--reps 2] [--json]
+       [--threads 2] [--gpu-layers 0] [--flash-attn on|off] [--reps 2] [--json]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 SAMPLINGS = {"greedy": dict(temperature=0.0, top_p=1.0), "t=0.7 top-p 0.95": dict(temperature=0.7, top_p=0.95)}
 
 
-def edgespec_answer(engine, tokens: list[int], max_tokens: int, sampling: dict, seed: int) -> tuple[list[int], float]:
+def edgespec_answer(target, tokens: list[int], max_tokens: int, sampling: dict, seed: int) -> tuple[list[int], float]:
     """edgespec's target-only answer to prompt tokens and the seconds from its first token to its last."""
     import numpy as np
 
@@ -35,7 +35,7 @@ def edgespec_answer(engine, tokens: list[int], max_tokens: int, sampling: dict, 
 
     params = SamplingParams(temperature=sampling["temperature"], top_p=sampling["top_p"])
     out, first = [], None
-    for event in speculate(engine.target, None, None, tokens, params, np.random.default_rng(seed),
+    for event in speculate(target, None, None, tokens, params, np.random.default_rng(seed),
                            max_tokens=max_tokens):
         if event.token is None:
             continue
@@ -72,6 +72,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--sequences", type=int, default=16, help="edgespec's cache: 16 sequences (its default, for "
+                    "draft trees) or 1 (llama-cpp-python's)")
+    ap.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                    help="llama-cpp-python's setting; match what llama.cpp's auto picks for edgespec on this build "
+                         "(on for the CPU, off for a CUDA build without its flash-attention kernels)")
     ap.add_argument("--reps", type=int, default=2, help="passes over the prompts (the order flips each pass)")
     ap.add_argument("--sampling", action="append", choices=list(SAMPLINGS), help="default: both")
     ap.add_argument("--json", action="store_true")
@@ -79,23 +84,22 @@ def main() -> None:
 
     import llama_cpp  # before numpy: a CUDA image was seen to crash loading a model when numpy came first
 
-    from edgespec.api import load
+    from edgespec.api import prompt_tokens
     from edgespec.bench import read_prompts
     from edgespec.models.default import default_target
-
-    model = args.model or str(default_target())
-    engine = load(model, draft="none", threads=args.threads, n_ctx=args.ctx)
-    engine.target.close()  # reopened with the GPU layers asked for (load's own plan is for the planner's flags)
     from edgespec.runtime.llama_backend import LlamaBackend
 
-    engine.target = LlamaBackend(model, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    model = args.model or str(default_target())
+    target = LlamaBackend(model, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers,
+                          sequences=args.sequences)
     llm = llama_cpp.Llama(model_path=model, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                           n_batch=512, n_ubatch=512, n_gpu_layers=args.gpu_layers, verbose=False,
-                          flash_attn=True)  # what llama.cpp's "auto" (edgespec's setting) picks where it can
+                          flash_attn=args.flash_attn == "on")
     rows = read_prompts(None)
     step = max(1, len(rows) // args.prompts)
-    prompts = [engine.prompt_tokens(r["prompt"]) for r in rows[::step][:args.prompts]]
+    prompts = [prompt_tokens(target, r["prompt"]) for r in rows[::step][:args.prompts]]
     report = {"model": model, "machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "sequences": args.sequences,
               "gpu_layers": args.gpu_layers, "max_tokens": args.max_tokens, "results": []}
     for name in args.sampling or SAMPLINGS:
         sampling = SAMPLINGS[name]
@@ -107,7 +111,7 @@ def main() -> None:
                 answers = {}
                 for who in order:
                     run = edgespec_answer if who == "edgespec" else llama_answer
-                    answer, seconds = run(engine if who == "edgespec" else llm, tokens, args.max_tokens, sampling,
+                    answer, seconds = run(target if who == "edgespec" else llm, tokens, args.max_tokens, sampling,
                                           seed=1000 * rep + i)
                     answers[who] = answer
                     totals[who][0] += len(answer) - 1
@@ -123,7 +127,7 @@ def main() -> None:
             print(f"{name:18s} edgespec {result['edgespec_tok_s']:8.2f} tok/s   llama-cpp-python "
                   f"{result['llama_cpp_python_tok_s']:8.2f} tok/s   ratio {result['ratio']:.3f}   same tokens "
                   f"{result['same_tokens']}", file=sys.stderr)
-    engine.close()
+    target.close()
     if args.json:
         print(json.dumps(report, indent=1))
 

@@ -82,6 +82,7 @@ def test_top_p_brackets_its_cut_when_the_sample_misleads_it(monkeypatch):
     and its last resort; the kept set must still be the reference's."""
     rng = np.random.default_rng(1)
     monkeypatch.setattr(laws, "SAMPLE", 8)
+    monkeypatch.setattr(laws, "_peaked_nucleus", lambda *args: None)  # the general search, on every row
     for band in (16, 256, 10**9):
         monkeypatch.setattr(laws, "BAND", band)
         for kind in ("flat", "spread", "peaked"):
@@ -89,6 +90,26 @@ def test_top_p_brackets_its_cut_when_the_sample_misleads_it(monkeypatch):
                 row = rows(rng, 3000, kind)
                 params = SamplingParams(0.8, top_p=top_p)
                 np.testing.assert_array_equal(dense_of(laws.law(row, params), 3000) > 0, to_probs(row, params) > 0)
+
+
+def test_top_p_leaves_a_row_it_cannot_bound_to_the_general_search():
+    """A peaked head over a tail just out of its reach, with top-p set so that the tail's weight decides whether
+    the cut takes the third token: the shortcut declines (its bound on the tail leaves two possible cuts) and
+    the law is still the reference's. Where the tail cannot move the cut, the shortcut decides, as the reference."""
+    n_vocab = 152064
+    depth = np.log(n_vocab) + laws.DEPTH  # at temperature 1
+    row = np.full(n_vocab, -depth - 1e-3, dtype=np.float32)
+    row[:3] = [0.0, -0.1, -0.2]
+    head = np.exp(row[:3].astype(np.float64))
+    tail = (n_vocab - 3) * np.exp(-depth)
+    top_p = float(head[:2].sum() / (head.sum() + tail / 2))  # reached by two tokens unless the tail weighs
+    params = SamplingParams(1.0, top_p=top_p)
+    assert laws._peaked_nucleus(row, row.max(), 1.0, top_p) is None
+    np.testing.assert_array_equal(dense_of(laws.law(row, params), n_vocab) > 0, to_probs(row, params) > 0)
+    assert (to_probs(row, params) > 0).sum() == 3  # the tail's weight took the third
+    params = SamplingParams(1.0, top_p=0.9)  # a cut the tail's weight cannot move
+    assert laws._peaked_nucleus(row, row.max(), 1.0, 0.9) is not None
+    np.testing.assert_allclose(dense_of(laws.law(row, params), n_vocab), to_probs(row, params), atol=1e-9)
 
 
 def test_top_k_takes_the_reference_set_also_with_ties_at_the_kth():

@@ -9,7 +9,7 @@ so a 3B f16 file (6 GB) is written at disk speed in bounded memory; q8_0 and q4_
 quantizer on the f16 file.
 
 usage: python -m edgespec.models.random_gguf OUT.gguf [--shape 135m|1.5b|3b|tiny] [--vocab 152064]
-       [--type f16|f32|q8_0|q4_0] [--layers N]
+       [--type f16|f32|q8_0|q4_0] [--layers N] [--tokenizer FILE.gguf]
 """
 
 from __future__ import annotations
@@ -41,13 +41,16 @@ BLOCK = 1 << 20  # random values drawn once and tiled over every tensor
 INIT_STD = 0.02  # what a fresh checkpoint's linear layers hold
 
 
-def _tokenizer_fields(n_vocab: int):
-    """The default model's tokenizer fields, its token list padded to n_vocab with reserved control tokens."""
+def _tokenizer_fields(n_vocab: int, source: str | os.PathLike | None):
+    """The tokenizer fields of a GGUF (default: the default model), its token list padded to n_vocab with
+    reserved control tokens."""
     import gguf
 
-    from edgespec.models.default import default_target
+    if source is None:
+        from edgespec.models.default import default_target
 
-    reader = gguf.GGUFReader(default_target())
+        source = default_target()
+    reader = gguf.GGUFReader(source)
     fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
     tokens = [bytes(t) if not isinstance(t, str) else t.encode() for t in fields["tokenizer.ggml.tokens"].contents()]
     types = list(fields["tokenizer.ggml.token_type"].contents())
@@ -60,9 +63,11 @@ def _tokenizer_fields(n_vocab: int):
 
 
 def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n_vocab: int = 152064,
-                      dtype: str = "f16", seed: int = 0, n_ctx: int = 8192) -> Path:
-    """Write a llama-architecture GGUF of `shape` with random weights and the default model's tokenizer padded to
-    n_vocab; written beside path under a temporary name and renamed, so a failure leaves nothing at path."""
+                      dtype: str = "f16", seed: int = 0, n_ctx: int = 8192,
+                      tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write a llama-architecture GGUF of `shape` with random weights and the tokenizer of the GGUF `tokenizer`
+    (default: the default model's) padded to n_vocab; written beside path under a temporary name and renamed, so
+    a failure leaves nothing at path."""
     import gguf
 
     shape = SHAPES[shape] if isinstance(shape, str) else shape
@@ -73,7 +78,7 @@ def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n
                             f"{shape.embd}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields, tokens, types = _tokenizer_fields(n_vocab)
+    fields, tokens, types = _tokenizer_fields(n_vocab, tokenizer)
     float_type = "f32" if dtype == "f32" else "f16"
     tmp = path.with_name(f".{path.name}.{float_type}.partial")  # not quantize_gguf's own temporary name
     try:
@@ -155,10 +160,12 @@ def main() -> None:
     ap.add_argument("--type", choices=TYPES, default="f16")
     ap.add_argument("--layers", type=int, help="override the shape's layer count")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", help="a GGUF whose tokenizer to take (default: the default model's)")
     args = ap.parse_args()
     shape = SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers)
     try:
-        path = write_random_gguf(args.out, shape=shape, n_vocab=args.vocab, dtype=args.type, seed=args.seed)
+        path = write_random_gguf(args.out, shape=shape, n_vocab=args.vocab, dtype=args.type, seed=args.seed,
+                                 tokenizer=args.tokenizer)
     except EdgespecError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -31,7 +31,8 @@ SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the
 BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
 UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
 OVERFLOW = 88.0  # exp of more is above float32's largest
-HEAD = 16  # top-p first tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
+DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
+HEAD = 16  # top-p then tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
 TOP_K_COLUMNS = 64  # top-k takes its first bound from the maxima of this many strided columns' worth of rows
 
 
@@ -138,7 +139,8 @@ def law(logits: np.ndarray, params: SamplingParams) -> Law:
         # bound is widened a little and the exact test is made on the weights, as the reference makes it.
         top = row[row.argmax()]
         ids = np.flatnonzero(row >= top + params.temperature * np.log(params.min_p) - 1e-3)
-        return _small(ids, row[ids].astype(np.float64), params)
+        if len(ids) <= SMALL:  # a flat row keeps most of the vocabulary: weights over it, below
+            return _small(ids, row[ids].astype(np.float64), params)
     return _full(row, params)
 
 
@@ -175,7 +177,15 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
     """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps). Masks are
     applied by multiplying: a random mask over 152k ids costs ten times more as an indexed write (branches)."""
     t = params.temperature
-    top, low = row[row.argmax()], row.min()
+    top = row[row.argmax()]
+    if params.top_p < 1.0:
+        kept = _peaked_nucleus(row, top, t, params.top_p)
+        if kept is not None:
+            ids, weights = kept
+            if params.min_p > 0.0:
+                ids, weights = ids[weights >= params.min_p], weights[weights >= params.min_p]
+            return Weights(ids, weights, float(weights.sum()))
+    low = row.min()
     w = np.multiply(row, row.dtype.type(1.0 / t))  # [V]
     shift = 0.0  # the logit whose weight is 1: none where float32 holds exp(logit / t) for every logit
     if row.dtype != np.float32 or top / t > OVERFLOW or low / t < UNDERFLOW:
@@ -201,6 +211,33 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
         w *= w >= w.dtype.type(params.min_p * np.exp((top - shift) / t))
     sums = block_sums(w)
     return Weights(None, w, float(sums.sum()), sums)
+
+
+def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
+                    top_p: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Top-p without a pass of exp over the vocabulary, where the row is peaked (a trained model's usually is):
+    (ascending ids, their weights exp((logit - top) / temperature)) of the kept prefix, or None where this
+    cannot tell.
+
+    The logits more than DEPTH below the largest (in units of temperature, plus log V) weigh together less than
+    10^-4 of the largest's weight, so the total weight lies between the head's and the head's plus that bound.
+    Where the prefix that reaches top_p is the same for both totals, it is the reference's prefix, and its
+    weights are all the law needs (top-p renormalises over what it keeps)."""
+    n = len(row)
+    depth = temperature * (np.log(n) + DEPTH)
+    near = row >= top - depth
+    if np.count_nonzero(near) > SMALL:  # not peaked enough: a count is cheaper than the ids
+        return None
+    head = np.flatnonzero(near)
+    values = row[head].astype(np.float64)
+    order = np.argsort(-values, kind="stable")  # head ascends: ties stay in id order
+    cumulative = np.cumsum(np.exp((values[order] - top) / temperature))
+    rest = (n - len(head)) * np.exp(-depth / temperature)  # at most this much weight lies outside the head
+    cut = int(np.searchsorted(cumulative, top_p * cumulative[-1], side="left"))
+    if cut != int(np.searchsorted(cumulative, top_p * (cumulative[-1] + rest), side="left")) or cut >= len(head):
+        return None
+    kept = np.sort(order[:cut + 1])
+    return head[kept], np.exp((values[kept] - top) / temperature)
 
 
 def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
@@ -232,26 +269,31 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
     def above(j: int) -> float:  # exact weight strictly above sampled[j]
         return float((w * (row > sampled[j])).sum())  # pairwise in w's type: the cut needs its precision
 
-    # exact anchors: the weight above sampled[a] is below mass, the weight above sampled[b] reaches it (b = n:
-    # the whole row). Between them the sample's walk, rescaled to their exact difference, says where mass is
-    # reached; one probe a few sampling noises above that point becomes the band's top (or the new b), and
-    # the band's sorted weights show whether the cut lies inside it.
-    a, above_a = h, float(head_w[row[head] > sampled[h]].sum()) if len(head) <= SMALL else above(h)
-    b, above_b = n, float(w.sum())
+    # exact anchors: the weight above sampled[a] is below mass (a = -1: above every logit), the weight above
+    # sampled[b] reaches it (b = n: below every logit). Between them the sample's walk, rescaled to their exact
+    # difference, says where mass is reached; one probe a few sampling noises above that point becomes the
+    # band's top (or the new b), and the band's sorted weights show whether the cut lies inside it.
+    a, above_a, b, above_b = -1, 0.0, n, float(w.sum())
+    at_h = float(head_w[row[head] > sampled[h]].sum()) if len(head) <= SMALL else above(h)
+    if at_h < mass:
+        a, above_a = h, at_h
+    else:
+        b, above_b = h, at_h
     for attempt in range(4):
         if (b - a) * stride <= BAND or b - a <= 1 or attempt == 3:  # the bracket itself holds the cut
             low = b
         else:
-            scale = (above_b - above_a) / (walked[b] - walked[a])
-            j = a + int(np.searchsorted((walked[a:b] - walked[a]) * scale + above_a, mass))
+            start = max(a, 0)
+            scale = (above_b - above_a) / max(walked[b] - walked[start], 1e-300)
+            j = start + int(np.searchsorted((walked[start:b] - walked[start]) * scale + above_a, mass))
             step = max(4, int(2 * np.sqrt(b - a)))
-            probe, low = max(j - step, a + 1), min(j + step, b)
+            probe, low = min(max(j - step, a + 1), b - 1), min(j + step, b)
             probe_mass = above(probe)
             if probe_mass >= mass:
                 b, above_b = probe, probe_mass
                 continue
             a, above_a = probe, probe_mass
-        inside = row <= sampled[a]
+        inside = row <= (sampled[a] if a >= 0 else np.inf)
         if low < n:
             inside &= row >= sampled[low]
         values = np.sort(row[np.flatnonzero(inside)])[::-1]  # [m], largest first

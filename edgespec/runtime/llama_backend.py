@@ -129,8 +129,13 @@ class LlamaBackend(LlamaHandles):
     """A GGUF model and its KV cache. See edgespec.runtime.backend.Backend for the contract."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False):
+                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
+                 sequences: int = MAX_OUTPUTS):
+        """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
+        each); 1 makes the context llama-bench's and llama-server's for one conversation."""
         path = check_gguf_file(path)
+        if not 1 <= sequences <= MAX_OUTPUTS:
+            raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
         if kv_type not in KV_TYPES:
             raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
         lib = _lib()
@@ -151,8 +156,8 @@ class LlamaBackend(LlamaHandles):
         cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
         # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
         # branches share are cells of several sequences in one unified cache (forward_tree)
-        cparams.n_seq_max = MAX_OUTPUTS
-        cparams.kv_unified = True
+        cparams.n_seq_max = sequences
+        cparams.kv_unified = sequences > 1
         cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
@@ -177,6 +182,8 @@ class LlamaBackend(LlamaHandles):
         self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
         self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
         self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
+        self._logits_type = None  # ctypes array type of llama.cpp's output buffer, made on first use
+        self.sequences = sequences
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         lib = _lib()
@@ -212,7 +219,7 @@ class LlamaBackend(LlamaHandles):
                 # one copy out of llama.cpp's output buffer (its rows in batch order); with hidden states on,
                 # every row of the chunk has an output and the ones asked for are its last
                 n_out = len(chunk) if with_hidden else tail
-                rows = np.ctypeslib.as_array(lib.llama_get_logits(self._ctx), shape=(n_out, self.vocab.n_vocab))
+                rows = self._output_rows(n_out)
                 at = start + max(first_out, 0) - (n - n_logits)
                 out[at:at + tail] = rows[n_out - tail:]
             for j in range(max(first_out, 0), len(chunk)) if hidden is not None else ():
@@ -220,6 +227,15 @@ class LlamaBackend(LlamaHandles):
                 hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
         self.last_hidden = hidden
         return out
+
+    def _output_rows(self, n_out: int) -> np.ndarray:
+        """The last decode's logits rows [n_out, V], a view of llama.cpp's output buffer (valid until the next
+        decode). The buffer's ctypes type is made once: np.ctypeslib.as_array makes one a call (~25 us)."""
+        if self._logits_type is None:
+            self._logits_type = ctypes.c_float * (MAX_OUTPUTS * self.vocab.n_vocab)
+        address = ctypes.cast(_lib().llama_get_logits(self._ctx), ctypes.c_void_p).value
+        buffer = self._logits_type.from_address(address)
+        return np.frombuffer(buffer, dtype=np.float32, count=n_out * self.vocab.n_vocab).reshape(n_out, -1)
 
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """One pass over a tree of tokens after the cache: tokens[0] (parent -1) follows the cached text, every
@@ -241,6 +257,9 @@ class LlamaBackend(LlamaHandles):
             depth.append(0 if i == 0 else depth[parent] + 1)
             if parent >= 0:
                 has_child[parent] = True
+        if n - sum(has_child) + 1 > self.sequences:  # a sequence per branch, and the text's
+            raise EdgespecError(f"{self.name} was opened with {self.sequences} sequence(s): a draft tree of "
+                                f"{n - sum(has_child)} branches needs one more than that")
         if self._pending and (self.hidden and len(self._pending) + n > MAX_OUTPUTS
                               or len(self._pending) + n > self.n_batch):
             # with embeddings on, llama.cpp outputs every row of a pass, and aborts past MAX_OUTPUTS
@@ -330,7 +349,7 @@ class LlamaBackend(LlamaHandles):
         if not all(prompts) or need > self.n_ctx:
             raise EdgespecError(f"a prompt with {max_tokens} tokens to answer needs {need} cells, more than the "
                                 f"context of {self.n_ctx} (or a prompt is empty)")
-        streams = max(1, min(streams, MAX_OUTPUTS, len(prompts), self.n_ctx // need))  # as many as fit
+        streams = max(1, min(streams, self.sequences, len(prompts), self.n_ctx // need))  # as many as fit
         self.rollback(0)
         if self.hidden:
             _lib().llama_set_embeddings(self._ctx, False)
