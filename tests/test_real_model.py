@@ -2,6 +2,7 @@
 
 import struct
 
+import numpy as np
 import pytest
 from stats_util import ALPHA, two_sample
 
@@ -249,3 +250,23 @@ def test_a_tree_pass_gives_each_node_its_branch_and_keeps_one_branch(default_ggu
     backend.keep_branch([0, 2, 6, 7])
     assert close(backend.forward_tree(long, [-1, *range(14)])[-1], ref)
     backend.close()
+
+
+def test_a_context_of_one_sequence_decodes_as_the_tree_context_and_refuses_trees(default_gguf):
+    """sequences=1 (llama-bench's and llama-server's context) gives the same logits as the default context of
+    sixteen sequences, and a draft tree, which needs a sequence per branch, is refused with a clear error."""
+    from edgespec.runtime.llama_backend import LlamaBackend
+
+    single, default = LlamaBackend(default_gguf, n_ctx=128, sequences=1), LlamaBackend(default_gguf, n_ctx=128)
+    try:
+        text = single.tokenize("The quick brown fox jumps over the lazy dog. Then", special=True)
+        ours, theirs = single.forward(text, 3), default.forward(text, 3)
+        assert np.abs(ours - theirs).max() <= 1e-3 * np.abs(theirs).max()
+        with pytest.raises(EdgespecError, match="sequence"):
+            single.forward_tree([text[-1], 100, 200], [-1, 0, 0])
+        assert single.tokens == text  # the refused tree left the cache as it was
+        with pytest.raises(ValueError):
+            LlamaBackend(default_gguf, n_ctx=128, sequences=0)
+    finally:
+        single.close()
+        default.close()
