@@ -191,8 +191,6 @@ def test_a_tree_pass_gives_each_node_its_branch_and_keeps_one_branch(default_ggu
     """llama.cpp verifies a draft tree in one pass: each node's logits and hidden state are those of its
     branch read as a chain; keeping a branch that is not the tree's first cells (a sibling) and then passing
     more tokens, or another tree, reads what the chain would have."""
-    import numpy as np
-
     from edgespec.runtime.llama_backend import LlamaBackend
 
     backend = LlamaBackend(default_gguf, n_ctx=256, hidden=True)
