@@ -9,7 +9,8 @@ reads it, into a Law:
 - sampling: `Weights`, the processed weights (in the logits' float type) over the whole vocabulary, or over
   the ids a filter kept (top-k, min-p: a few hundred), with their total. p(x) is one gathered value; a draw
   is the reference's inverse CDF over ids in ascending order, found through block sums instead of a cumsum
-  over the vocabulary; top-p finds its cut by sorting a sample and then only the band where the cut lies.
+  over the vocabulary. Top-p decides a peaked row's cut from the logits near its largest; elsewhere it sorts
+  a sample, then only the band where the cut lies.
 - a deterministic draft (prompt lookup) has no law at all: its token has probability 1.
 
 The residual max(0, p - q) is built only at a rejection, over p's support. Every function here gives the
@@ -33,7 +34,7 @@ UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
 OVERFLOW = 88.0  # exp of more is above float32's largest
 DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
 HEAD = 16  # top-p then tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
-TOP_K_COLUMNS = 64  # top-k takes its first bound from the maxima of this many strided columns' worth of rows
+TOP_K_COLUMNS = 64  # top-k's first bound: the k-th largest of the maxima of V / 64 columns of 64 strided logits
 
 
 class OneHot:
