@@ -22,7 +22,8 @@ import numpy as np
 
 from edgespec.api import load
 from edgespec.bench import format_comparison, read_prompts, run_bench
-from edgespec.runtime.drafts import PromptLookupDrafter, lookup
+from edgespec.runtime.drafts import PromptLookupDrafter
+from edgespec.runtime.ngram import lookup
 
 DEPTH = 8
 

@@ -25,416 +25,43 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 
 import click
 import numpy as np
 
-from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import sync
-from edgespec.runtime.cost import DraftController, measure_pass_costs
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter, catch_up
-from edgespec.runtime.laws import dense
-from edgespec.runtime.sampling import SamplingParams, sample, to_probs
+# calibration and costs live in advise_calibration.py and advise_costs.py; the names tests and the CLI reach
+# through advise stay importable from here
+from edgespec.advise_calibration import (  # noqa: F401
+    GREEDY,
+    STATS,
+    Answer,
+    _HiddenRows,
+    builtin_prompts,
+    calibrate,
+    choose_prompts,
+    depth1_stats,
+    overlap,
+    split_alternate,
+    target_answer,
+)
+from edgespec.advise_costs import (  # noqa: F401
+    Costs,
+    in_loop,
+    measure_row_cost,
+    measured_costs,
+    roofline_costs,
+    speculative_engine,
+    target_only_engine,
+)
+from edgespec.runtime.cost import measure_pass_costs
+from edgespec.runtime.sampling import SamplingParams
 
-GREEDY = SamplingParams()
-RAW = SamplingParams(temperature=1.0)  # the model's own distribution, for KL, entropy and calibration
-TF_ROWS = 16  # rows of logits per teacher-forced pass: within every backend's output cap
+CONFIDENCE_BINS = np.linspace(0.0, 1.0, 11)
 BOOTSTRAP = 400  # prompt resamples behind each interval
 WALKS = 24  # Monte Carlo walks per answer when acceptance is random (temperature > 0)
 INTERVAL = (5, 95)  # percentiles: a 90 % interval
-CONFIDENCE_BINS = np.linspace(0.0, 1.0, 11)
-STATS = ("accept", "accept_t0", "top1", "tv", "kl_target_draft", "kl_draft_target", "entropy_target",
-         "entropy_draft", "confidence")
-
-
-# --- prompts ----------------------------------------------------------------------------------------------
-
-def builtin_prompts(name: str) -> list[dict]:
-    """The built-in prompt sets: 'train' (480, by category: calibration) and 'bench' (20: held out)."""
-    from edgespec.bench import read_prompts
-
-    if name == "bench":
-        return read_prompts(None)
-    path = resources.files("edgespec").joinpath("data/train_prompts.jsonl")
-    with resources.as_file(path) as p:
-        return read_prompts(p)
-
-
-def split_alternate(prompts: list[dict], per_cat: int | None = None,
-                    check_per_cat: int | None = None) -> tuple[list[dict], list[dict]]:
-    """(calibration, held out): within each category the prompts alternate between the two, so a run of prompts
-    written from one template (a file often holds them in blocks) lands on both sides; at most per_cat and
-    check_per_cat of each category (None: all)."""
-    by_cat: dict[str, list[dict]] = defaultdict(list)
-    for row in prompts:
-        by_cat[row["cat"]].append(row)
-    calibration = [row for rows in by_cat.values() for row in rows[0::2][:per_cat]]
-    held_out = [row for rows in by_cat.values() for row in rows[1::2][:check_per_cat]]
-    return calibration, held_out
-
-
-def choose_prompts(prompts_file: str | Path | None, per_cat: int, check_per_cat: int,
-                   check_file: str | Path | None = None) -> tuple[list[dict], list[dict]]:
-    """(calibration prompts, held-out prompts). Built-in: the training prompts of each category alternate between
-    calibration (per_cat of them) and held out (check_per_cat), none used twice. A user's file: all its prompts
-    alternate between the two within each category. check_file: held-out prompts of your own (e.g. the bench
-    set, to see how far a calibration carries to other prompts)."""
-    from edgespec.bench import read_prompts
-
-    if prompts_file is None:
-        calibration, held_out = split_alternate(builtin_prompts("train"), per_cat, check_per_cat)
-    else:
-        calibration, held_out = split_alternate(read_prompts(prompts_file))
-    if check_file is not None:
-        held_out = read_prompts(check_file)
-    return calibration, held_out
-
-
-# --- calibration ------------------------------------------------------------------------------------------
-
-@dataclass
-class Answer:
-    """One calibration answer and what one draft would do along it."""
-
-    cat: str
-    beta: np.ndarray  # [n, k_max]: acceptance probability at depth j of a round starting at i; NaN: not drafted
-    beta_t0: np.ndarray  # [n, k_max]: the same at temperature 0 (== beta when the user's temperature is 0)
-    stats: dict[str, np.ndarray]  # name -> [n] depth-1 statistics (NaN where the draft proposes nothing)
-    prompt_tokens: int = 0
-
-    @property
-    def n(self) -> int:
-        return len(self.beta)
-
-
-class _HiddenRows:
-    """Stands in for the target after a verify pass: what a heads drafter's observe_target reads."""
-
-    def __init__(self, rows: np.ndarray):
-        self.last_hidden = rows
-
-
-def target_answer(target, prompt: list[int], params: SamplingParams, rng: np.random.Generator,
-                  max_tokens: int) -> tuple[list[int], np.ndarray, np.ndarray | None]:
-    """The target alone answers: (tokens, their rows of logits [n, V], the hidden rows [n, E] that produced them
-    if the target returns hidden states). The answer ends with an end token, or after max_tokens."""
-    eog = target.vocab.eog_ids
-    sync(target, prompt[:-1], 0)
-    last, tokens, rows, hidden = prompt[-1], [], [], []
-    for _ in range(max_tokens):
-        logits = target.forward([last], 1)[0]
-        rows.append(np.asarray(logits, dtype=np.float32))
-        if getattr(target, "last_hidden", None) is not None:
-            hidden.append(target.last_hidden[0].copy())
-        last = sample(to_probs(logits, params), rng)
-        tokens.append(last)
-        if last in eog:
-            break
-    target.rollback(0)
-    return tokens, np.stack(rows), np.stack(hidden) if hidden else None
-
-
-def teacher_forced(backend, prompt: list[int], answer: list[int]) -> np.ndarray:
-    """A model's rows of logits [n, V] along prompt + answer: row i is its guess at answer[i]."""
-    sync(backend, prompt[:-1], 0)
-    feed = [prompt[-1], *answer[:-1]]
-    rows = [backend.forward(feed[s:s + TF_ROWS], len(feed[s:s + TF_ROWS])) for s in range(0, len(feed), TF_ROWS)]
-    backend.rollback(0)
-    return np.concatenate(rows).astype(np.float32)
-
-
-def overlap(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """sum_x min(p, q) per row: the probability that the rule accepts a draft drawn from q against p."""
-    return np.minimum(p, q).sum(axis=-1)
-
-
-def _entropy(p: np.ndarray) -> np.ndarray:
-    return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
-
-
-def _kl(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """KL(p || q) per row, in nats; inf where q misses mass of p."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - np.log(q)), 0.0)
-    return terms.sum(axis=-1)
-
-
-def depth1_stats(p_raw: np.ndarray, q_raw: np.ndarray | None, guess: np.ndarray, beta1: np.ndarray,
-                 beta1_t0: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-position statistics of the first draft token: p_raw [n, V] the target's own distribution; q_raw
-    [n, V] the draft's (None for a deterministic draft); guess [n] its greedy token (-1: no draft)."""
-    n = len(p_raw)
-    drafted = guess >= 0
-    nan = np.full(n, np.nan)
-    out = {"accept": beta1, "accept_t0": beta1_t0,
-           "top1": np.where(drafted, (p_raw.argmax(axis=1) == guess).astype(float), np.nan),
-           "entropy_target": _entropy(p_raw)}
-    if q_raw is None:  # a one-hot draft: it has no spread, and KL(target || draft) is infinite
-        picked = p_raw[np.arange(n), np.maximum(guess, 0)]
-        out.update(tv=np.where(drafted, 1 - picked, np.nan), kl_target_draft=nan,
-                   kl_draft_target=np.where(drafted, -np.log(np.maximum(picked, 1e-300)), np.nan),
-                   entropy_draft=np.where(drafted, 0.0, np.nan), confidence=np.where(drafted, 1.0, np.nan))
-    else:
-        out.update(tv=np.where(drafted, 1 - overlap(p_raw, q_raw), np.nan),
-                   kl_target_draft=np.where(drafted, _kl(p_raw, q_raw), np.nan),
-                   kl_draft_target=np.where(drafted, _kl(q_raw, p_raw), np.nan),
-                   entropy_draft=np.where(drafted, _entropy(q_raw), np.nan),
-                   confidence=np.where(drafted, q_raw.max(axis=1), np.nan))
-    return out
-
-
-def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: np.ndarray,
-                 hidden: np.ndarray | None, params: SamplingParams, k_max: int, rng: np.random.Generator):
-    """(beta [n, k_max], beta at temperature 0 [n, k_max], depth-1 statistics) of one drafter along one answer."""
-    n = len(answer)
-    p = to_probs(logits, params)  # [n, V]
-    p_t0 = p if params.greedy else to_probs(logits, GREEDY)
-    p_raw = to_probs(logits, RAW)
-    beta, beta_t0 = np.full((n, k_max), np.nan), np.full((n, k_max), np.nan)
-
-    if isinstance(drafter, ModelDrafter):
-        q_logits = teacher_forced(drafter.backend, prompt, answer)  # [n, V]
-        q, q_raw = to_probs(q_logits, params), to_probs(q_logits, RAW)
-        q_t0 = q if params.greedy else to_probs(q_logits, GREEDY)
-        per_row, per_row_t0 = overlap(p, q), overlap(p_t0, q_t0)  # [n]
-        guess = q_logits.argmax(axis=1)
-        ends = np.isin(guess, list(target.vocab.eog_ids))  # a draft model stops drafting after an end token
-        stopped = np.zeros(n, dtype=bool)  # [i]: the greedy draft ended before this depth of a round at i
-        for j in range(k_max):  # depth j+1 of a round at i reads row i+j
-            if j:
-                stopped[:n - j] |= ends[j - 1:n - 1]
-            beta[:n - j, j], beta_t0[:n - j, j] = per_row[j:], per_row_t0[j:]
-            beta_t0[:n - j, j][stopped[:n - j]] = np.nan
-            if params.greedy:  # at a temperature the draft ends where it samples an end token: rare, not modelled
-                beta[:n - j, j][stopped[:n - j]] = np.nan
-    else:
-        q_raw = None if isinstance(drafter, PromptLookupDrafter) else np.zeros_like(p_raw)
-        guess = np.full(n, -1)
-        if hasattr(drafter, "reset"):
-            drafter.reset()
-        for i in range(n):
-            context = [*prompt, *answer[:i]]
-            if i > 0 and hasattr(drafter, "observe_target"):  # the row that produced answer[i-1], at its place
-                drafter.observe_target(_HiddenRows(hidden[i - 1:i]), 0, len(prompt) + i - 2)
-            catch_up(drafter, context)
-            for table, rows, settings in ((beta, p, params), (beta_t0, p_t0, GREEDY)):
-                if table is beta_t0 and params.greedy:
-                    break
-                drafts, q = drafter.propose(context, k_max, settings, rng)
-                depth = min(len(drafts), n - i)
-                if depth:
-                    q = dense(q, drafts, rows.shape[1])  # [len(drafts), V]
-                    table[i, :depth] = overlap(rows[i:i + depth], q[:depth])
-            if params.greedy:
-                beta_t0[i] = beta[i]
-            first, _ = drafter.propose(context, 1, GREEDY, rng)
-            if first:
-                guess[i] = first[0]
-                if q_raw is not None:
-                    raw_tokens, raw_q = drafter.propose(context, 1, RAW, rng)
-                    q_raw[i] = dense(raw_q, raw_tokens, q_raw.shape[1])[0]
-        if q_raw is not None:
-            q_raw[guess < 0] = p_raw[guess < 0]  # no draft there: masked below, any row will do
-    return beta, beta_t0, depth1_stats(p_raw, q_raw, guess, beta[:, 0], beta_t0[:, 0])
-
-
-def calibrate(engine, drafters: dict[str, object], prompts: list[dict], *, params: SamplingParams, k_max: int,
-              max_tokens: int, seed: int = 0, progress: bool = False) -> dict[str, list[Answer]]:
-    """Answers of the target to `prompts`, scored for every drafter: {draft name: [Answer]}."""
-    target = engine.target
-    limit = min([target.n_ctx] + [d.backend.n_ctx for d in drafters.values() if isinstance(d, ModelDrafter)])
-    out: dict[str, list[Answer]] = {name: [] for name in drafters}
-    bar = click.progressbar(length=len(prompts), label="calibrating", file=sys.stderr) if progress else None
-    for i, row in enumerate(prompts):
-        prompt = engine.prompt_tokens(row["prompt"])
-        room = min(max_tokens, limit - len(prompt) - k_max - 1)
-        if room >= 1:  # a prompt that leaves no room in the smallest context is skipped
-            rng = np.random.default_rng([seed, i])
-            answer, logits, hidden = target_answer(target, prompt, params, rng, room)
-            for name, drafter in drafters.items():
-                beta, beta_t0, stats = draft_tables(drafter, target, prompt, answer, logits, hidden, params, k_max, rng)
-                out[name].append(Answer(row["cat"], beta, beta_t0, stats, len(prompt)))
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.render_finish()
-    if not any(out.values()):
-        raise EdgespecError("no calibration prompt fits the context: use shorter prompts or a larger --ctx")
-    return out
-
-
-# --- costs ------------------------------------------------------------------------------------------------
-
-@dataclass
-class Costs:
-    """Seconds: a target pass over n tokens (n rows of logits), a draft round of k tokens (fixed + per token),
-    and turning one row of logits into probabilities and running the rule on it. A draft model reads its own
-    last draft only after a round that accepted all of them (before, it never needed its logits): one more
-    step then, `draft_all_accepted` (what reading one more token in its next pass adds). `overhead`: the loop's
-    own work per speculative round (text, bookkeeping), and `plain` a round of target-only decoding, both taken
-    from real answers (None: a pass over one token, its row and the overhead)."""
-
-    target: dict[int, float]
-    draft_fixed: float
-    draft_per_token: float
-    row: float
-    source: str
-    draft_all_accepted: float = 0.0
-    overhead: float = 0.0
-    plain: float | None = None
-
-    @property
-    def target_only(self) -> float:
-        """Seconds per token of target-only decoding."""
-        return self.plain if self.plain is not None else self.target[1] + self.row + self.overhead
-
-    def round(self, n_drafted: int, k: int, n_accepted: int = 0) -> float:
-        """A round that asked for k drafts, got n_drafted and kept n_accepted: the draft's work, the pass, the rows."""
-        if k == 0:
-            return self.target_only
-        draft = self.draft_fixed + self.draft_per_token * n_drafted
-        if n_drafted and n_accepted == n_drafted:
-            draft += self.draft_all_accepted
-        return draft + self.target[n_drafted + 1] + (n_drafted + 1) * self.row + self.overhead
-
-    def to_dict(self) -> dict:
-        return {"source": self.source, "target_pass_ms": {str(n): round(1000 * s, 3) for n, s in self.target.items()},
-                "draft_round_fixed_ms": round(1000 * self.draft_fixed, 3),
-                "draft_per_token_ms": round(1000 * self.draft_per_token, 3),
-                "draft_all_accepted_ms": round(1000 * self.draft_all_accepted, 3), "row_ms": round(1000 * self.row, 3),
-                "overhead_ms": round(1000 * self.overhead, 3),
-                "target_only_tokens_per_second": round(1.0 / self.target_only, 2)}
-
-
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[reps // 2]
-
-
-def measure_row_cost(logits_row: np.ndarray, params: SamplingParams, reps: int = 15) -> float:
-    rng = np.random.default_rng(0)
-    return _median_time(lambda: sample(to_probs(logits_row[None], params)[0], rng), reps)
-
-
-def measure_draft_round(drafter, context: list[int], k: int, params: SamplingParams, reps: int = 7,
-                        lag: int = 1) -> float:
-    """Seconds for one round's drafting of k tokens after `context`, catching up included: a draft model's cache
-    first loses the context's last `lag` tokens: 1 after a round that rejected a draft (the drafts it kept are
-    cached, the target's own token is not), 2 after one that accepted all."""
-    rng = np.random.default_rng(0)
-
-    def one_round():
-        if isinstance(drafter, ModelDrafter):
-            backend = drafter.backend
-            backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - lag, 0)))
-        catch_up(drafter, context)
-        drafter.propose(context, k, params, rng)
-
-    one_round()  # warm-up: a draft model reads the whole context once
-    return _median_time(one_round, reps)
-
-
-def _target_only(engine):
-    """An engine decoding with engine's target alone."""
-    from edgespec.api import Engine
-
-    return Engine(engine.target, None, None)
-
-
-def _speculative(engine, drafter, k_max: int):
-    """An engine drafting with this drafter for engine's target (its loaded models shared)."""
-    from edgespec.api import Engine
-
-    backend = drafter.backend if isinstance(drafter, ModelDrafter) else None
-    controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
-    return Engine(engine.target, drafter, controller, backend)
-
-
-def in_loop(engine, drafter, costs: Costs, prompts: list[str], params: SamplingParams, k_max: int,
-            tokens: int) -> Costs:
-    """The costs as the loop pays them. Each prompt is answered by the target alone and speculatively (draft
-    lengths 1..k_max in turn). Target-only decoding costs what those answers took per token. In the speculative
-    answers, the time spent drafting and in target passes (rows included) against what the components timed
-    alone predict for the same rounds scales them (here prompt lookup x2.5-3, target passes x0.94-1.19,
-    varying between runs), and the rest of each round is the loop's own overhead."""
-    alone, spec = _target_only(engine), _speculative(engine, drafter, k_max)
-    plain = {"seconds": 0.0, "tokens": 0}
-    spent = {"draft": 0.0, "target": 0.0, "rest": 0.0, "rounds": 0}
-    model = {"draft": 0.0, "target": 0.0}
-    for i, prompt in enumerate(prompts):
-        settings = dict(max_tokens=tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                        min_p=params.min_p, seed=i)
-        stats = alone.generate(prompt, **settings).stats
-        plain["seconds"] += stats.decode_s
-        plain["tokens"] += stats.target_passes
-        k = 1 + i % k_max
-        stats = spec.generate(prompt, draft_max=k, **settings).stats
-        spent["draft"] += stats.draft_s
-        spent["target"] += stats.target_s
-        spent["rest"] += stats.decode_s - stats.draft_s - stats.target_s
-        spent["rounds"] += stats.target_passes
-        for n, rounds in stats.draft_lengths.items():
-            model["draft"] += rounds * (costs.draft_fixed + costs.draft_per_token * n)
-            model["target"] += rounds * (costs.target[n + 1] + (n + 1) * costs.row)
-        model["draft"] += stats.accept_counts[k] * costs.draft_all_accepted
-    draft_scale = spent["draft"] / model["draft"] if model["draft"] > 0 else 1.0
-    target_scale = spent["target"] / model["target"] if model["target"] > 0 else 1.0
-    return Costs({n: t * target_scale for n, t in costs.target.items()}, costs.draft_fixed * draft_scale,
-                 costs.draft_per_token * draft_scale, costs.row * target_scale,
-                 f"{costs.source}, scaled to {len(prompts)} real answers (draft x{draft_scale:.2f}, "
-                 f"target x{target_scale:.2f})", costs.draft_all_accepted * draft_scale,
-                 max(spent["rest"] / max(spent["rounds"], 1), 0.0),
-                 plain["seconds"] / plain["tokens"] if plain["tokens"] else None)
-
-
-def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray | None, target_costs: dict[int, float],
-                   row_cost: float, params: SamplingParams, k_max: int) -> Costs:
-    """Costs measured on this device: the target's (measured once for every draft) and this drafter's rounds at
-    the user's sampling settings, after `context` (heads: from the target's state hidden_row at its end)."""
-    if hasattr(drafter, "reset"):
-        drafter.reset()
-    if hidden_row is not None and hasattr(drafter, "observe_target"):
-        drafter.observe_target(_HiddenRows(hidden_row[None]), 0, len(context) - 2)
-    one, most = (measure_draft_round(drafter, context, k, params) for k in (1, k_max))
-    per_token = max((most - one) / (k_max - 1), 0.0) if k_max > 1 else one
-    all_accepted = 0.0
-    if isinstance(drafter, ModelDrafter):
-        all_accepted = max(measure_draft_round(drafter, context, 1, params, lag=2) - one, 0.0)
-    if hasattr(drafter, "reset"):
-        drafter.reset()
-    if isinstance(drafter, ModelDrafter):
-        drafter.backend.rollback(0)
-    return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device",
-                 all_accepted)
-
-
-def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, profiles=None) -> Costs:
-    """Costs for a named device profile from its memory bandwidth: every pass reads all of a model's weights
-    once and nothing else counts (the memory-bound limit of small batches), so a pass over n <= k_max + 1
-    tokens costs what one token does. The row cost and a prompt-lookup round stay as measured here."""
-    from edgespec.api import heads_kind, plan_for
-
-    plan = plan_for(target_path, draft_path, device=profile_name, profiles=profiles, measure_bandwidth=False)
-    bandwidth = plan.profile.bandwidth
-    step = plan.target.weights / bandwidth
-    if plan.draft is not None:
-        fixed, per_token = 0.0, plan.draft.weights / bandwidth
-    elif heads_kind(draft_path):
-        fixed, per_token = 0.0, Path(draft_path).stat().st_size / bandwidth
-    else:
-        fixed, per_token = measured.draft_fixed, measured.draft_per_token
-    return Costs({n: step for n in measured.target}, fixed, per_token, measured.row,
-                 f"roofline of profile {profile_name} ({bandwidth / 1e9:.0f} GB/s; memory-bound passes)",
-                 0.0, measured.overhead)
 
 
 # --- prediction -------------------------------------------------------------------------------------------
@@ -561,7 +188,8 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
               params: SamplingParams, progress: bool = False) -> dict:
     """Measured tokens/s of target-only decoding and of every drafter at every draft length 1..k_max on the same
     prompts; modes rotate per prompt so that none always runs on the warmest cache. {draft: {cat: {k: ...}}}."""
-    engines = {None: _target_only(engine), **{name: _speculative(engine, d, k_max) for name, d in drafters.items()}}
+    engines = {None: target_only_engine(engine),
+               **{name: speculative_engine(engine, d, k_max) for name, d in drafters.items()}}
     modes = [(None, 0)] + [(name, k) for name in drafters for k in range(1, k_max + 1)]
     totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0,
                                   "per_prompt": []})
