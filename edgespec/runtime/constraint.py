@@ -37,13 +37,6 @@ class Constraint(Protocol):
         ...
 
 
-def restrict(probs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """Rows [..., V] masked to `allowed` [..., V] and renormalised (a row with no allowed mass stays 0)."""
-    masked = np.where(allowed, probs, 0.0)
-    total = masked.sum(axis=-1, keepdims=True)
-    return np.divide(masked, total, out=np.zeros_like(masked), where=total > 0)
-
-
 class _Tokens:
     """What llguidance's TokenizerWrapper reads, from an edgespec backend (GGUF or ONNX alike)."""
 

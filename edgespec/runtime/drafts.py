@@ -17,7 +17,7 @@ import numpy as np
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
 from edgespec.runtime.cost import DraftController
 from edgespec.runtime.laws import Law, law
-from edgespec.runtime.ngram import NgramIndex, lookup  # noqa: F401 (lookup: the reference, for tests)
+from edgespec.runtime.ngram import NgramIndex
 from edgespec.runtime.sampling import SamplingParams, candidates, to_probs
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
@@ -269,10 +269,3 @@ class LookupFirstDrafter:
 def draw(row_law: Law, rng: np.random.Generator) -> int:
     """A draft token from its law (a greedy law draws nothing from rng)."""
     return row_law.sample(rng)
-
-
-def one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
-    """The law of a deterministic guess as dense rows [len, V] (for reference computations)."""
-    probs = np.zeros((len(tokens), n_vocab))
-    probs[np.arange(len(tokens)), tokens] = 1.0
-    return probs

@@ -318,9 +318,6 @@ class Rows:
         self.logits, self.params = logits, params
         self._laws: list[Law | None] = [None] * len(logits)
 
-    def __len__(self) -> int:
-        return len(self._laws)
-
     def __getitem__(self, i: int) -> Law:
         if self._laws[i] is None:
             self._laws[i] = law(self.logits[i], self.params)
@@ -390,8 +387,8 @@ def verify(target: Sequence[Law], draft: Sequence[Law | None], tokens: Sequence[
 
 
 def restrict(laws: Sequence[Law | None], allowed: np.ndarray) -> list[Law | None]:
-    """Draft laws masked to `allowed` [k, V] and renormalised (constraint.restrict on laws). A one-hot or
-    deterministic proposal the grammar allows stays as it is."""
+    """Draft laws masked to `allowed` [k, V] and renormalised (a law with no allowed mass gives every token
+    probability 0). A one-hot or deterministic proposal the grammar allows stays as it is."""
     out: list[Law | None] = []
     for law_, mask in zip(laws, allowed, strict=False):
         if law_ is None or isinstance(law_, OneHot):

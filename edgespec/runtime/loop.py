@@ -18,7 +18,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime import laws
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, sync
-from edgespec.runtime.constraint import Constraint, restrict
+from edgespec.runtime.constraint import Constraint
 from edgespec.runtime.cost import DraftController
 from edgespec.runtime.drafts import Drafter, catch_up
 from edgespec.runtime.sampling import SamplingParams, to_probs
@@ -302,8 +302,5 @@ def _constrain(constraint, drafts, draft_probs):
         allowed.append(constraint.allowed())
     constraint.rollback(kept)
     allowed = np.stack(allowed)  # [kept+1, V]
-    if isinstance(draft_probs, np.ndarray):
-        draft_probs = restrict(draft_probs[:kept], allowed[:kept])
-    elif draft_probs is not None:
-        draft_probs = laws.restrict(draft_probs[:kept], allowed[:kept])
-    return drafts[:kept], draft_probs, allowed
+    draft_laws = laws.restrict(laws.as_laws(draft_probs, len(drafts))[:kept], allowed[:kept])
+    return drafts[:kept], draft_laws, allowed
