@@ -32,7 +32,7 @@ from edgespec.runtime.subset_draft import SubsetDraft
 from edgespec.runtime.text import render_chat
 
 # "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
-# it, which bench measured faster there (README, "Every kind, trained on the f32 target's own answers"); on
+# it, which bench measured faster there (docs/drafts.md, "Every kind, trained on the f32 target's own answers"); on
 # llama.cpp targets the head did not beat prompt lookup
 AUTO_DRAFT = "auto"
 DEFAULT_DRAFT = AUTO_DRAFT

