@@ -230,7 +230,7 @@ class LlamaBackend(LlamaHandles):
 
     def _output_rows(self, n_out: int) -> np.ndarray:
         """The last decode's logits rows [n_out, V], a view of llama.cpp's output buffer (valid until the next
-        decode). The buffer's ctypes type is made once: np.ctypeslib.as_array makes one a call (~25 us)."""
+        decode). The buffer's ctypes type is made once, where np.ctypeslib.as_array would make one every call."""
         if self._logits_type is None:
             self._logits_type = ctypes.c_float * (MAX_OUTPUTS * self.vocab.n_vocab)
         address = ctypes.cast(_lib().llama_get_logits(self._ctx), ctypes.c_void_p).value
