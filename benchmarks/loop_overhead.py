@@ -97,7 +97,7 @@ class RowsBackend:
         self._next = {int(a): int(alphabet[(i + 1) % len(alphabet)]) for i, a in enumerate(alphabet)}
         self._out = np.empty((16, bank.shape[1]), dtype=np.float32)
 
-    def forward(self, tokens, n_logits):
+    def forward(self, tokens, n_logits, *, copy=True):  # rows in its own buffer, whatever copy says
         t0 = time.perf_counter()
         try:
             return self._rows(tokens, n_logits)

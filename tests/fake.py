@@ -28,7 +28,7 @@ class FakeBackend:
         self.tokens: list[int] = []
         self.calls: list[tuple[int, int]] = []  # (tokens fed, logits rows asked)
 
-    def forward(self, tokens, n_logits):
+    def forward(self, tokens, n_logits, *, copy=True):  # always a new array
         assert 0 <= n_logits <= len(tokens)
         assert len(self.tokens) + len(tokens) <= self.n_ctx, "the loop overflowed the context"
         self.calls.append((len(tokens), n_logits))

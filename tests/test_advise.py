@@ -116,7 +116,7 @@ def test_speed_ratio_draft_length_and_advice_follow_the_costs():
 class SlowDraft(FakeBackend):
     """A draft model whose every token costs 3 ms of wall time."""
 
-    def forward(self, tokens, n_logits):
+    def forward(self, tokens, n_logits, *, copy=True):  # always a new array
         time.sleep(0.003 * len(tokens))
         return super().forward(tokens, n_logits)
 

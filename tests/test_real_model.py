@@ -268,3 +268,43 @@ def test_a_context_of_one_sequence_decodes_as_the_tree_context_and_refuses_trees
     finally:
         single.close()
         default.close()
+
+
+def test_rows_as_views_and_prefetched_passes_decode_as_copies(default_gguf):
+    """forward(copy=False) hands back llama.cpp's own rows (read-only, the same values as a copy), and a
+    target-only generation whose passes are started before each token is handed out (prefetch, what a GPU
+    overlaps) writes the same tokens, at greedy and sampled, as one whose passes are not; a prefetched pass
+    nobody collects leaves its token cached and the next call unharmed."""
+    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.runtime.loop import Stats, speculate
+    from edgespec.runtime.sampling import SamplingParams
+
+    plain, ahead = LlamaBackend(default_gguf, n_ctx=256), LlamaBackend(default_gguf, n_ctx=256, overlap=True)
+    try:
+        assert not plain.overlap and not plain.prefetch([1])  # nothing to gain on the CPU: nothing started
+        text = plain.tokenize("The quick brown fox jumps over the lazy dog. Then", special=True)
+        copied = plain.forward(text, 2)
+        plain.rollback(0)
+        view = plain.forward(text, 2, copy=False)
+        assert np.array_equal(view, copied) and not view.flags.writeable
+        collected, collect = [], ahead.collect
+        ahead.collect = lambda: collected.append(1) or collect()
+        for params in (SamplingParams(0.0), SamplingParams(0.8, top_p=0.95)):
+            outs, finishes = [], []
+            for backend in (plain, ahead):
+                stats = Stats()
+                events = speculate(backend, None, None, text, params, np.random.default_rng(7), max_tokens=40,
+                                   stats=stats)
+                outs.append([e.token for e in events])
+                finishes.append(stats.finish_reason)
+            assert outs[0] == outs[1] and finishes[0] == finishes[1], params
+        assert len(collected) >= 2 * 30  # every pass after the first was started ahead (until an end)
+        assert ahead.prefetch([text[0]]) and ahead.tokens[-1] == text[0]
+        ahead.rollback(len(ahead.tokens) - 1)  # the started pass is waited for, its rows dropped
+        with pytest.raises(RuntimeError, match="prefetch"):
+            ahead.collect()
+        ahead.rollback(0)
+        assert np.array_equal(ahead.forward(text, 2), copied)
+    finally:
+        plain.close()
+        ahead.close()

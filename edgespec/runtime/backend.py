@@ -72,8 +72,10 @@ class Backend(Protocol):
     n_ctx: int
     tokens: list[int]  # what the KV cache holds, in order
 
-    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Append tokens to the cache; return logits [n_logits, V] for the last n_logits of them."""
+    def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
+        """Append tokens to the cache; return logits [n_logits, V] for the last n_logits of them. copy=False
+        allows a read-only view of the backend's own buffer, valid until its next forward (a caller that reads
+        the rows before then saves a copy of them; backends without such a buffer return a new array)."""
         ...
 
     def rollback(self, n_past: int) -> None:

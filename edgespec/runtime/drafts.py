@@ -178,7 +178,7 @@ class ModelDrafter:
                 break
             if gate is not None and not gate.go_on():
                 break
-            logits = self.backend.forward([token], 1)[0]
+            logits = self.backend.forward([token], 1, copy=False)[0]  # read before the next step
         if constraint is not None:
             constraint.rollback(consumed)
         return tokens, laws

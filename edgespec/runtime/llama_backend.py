@@ -15,7 +15,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
-from edgespec.runtime.llama_lib import KV_BLOCKS, KV_TYPES, check_gguf_file
+from edgespec.runtime.llama_lib import KV_BLOCKS, KV_TYPES, check_gguf_file, logits_address
 from edgespec.runtime.llama_lib import lib as _lib
 
 
@@ -130,9 +130,11 @@ class LlamaBackend(LlamaHandles):
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
-                 sequences: int = MAX_OUTPUTS):
+                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None):
         """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
-        each); 1 makes the context llama-bench's and llama-server's for one conversation."""
+        each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
+        prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
+        queued; on the CPU it returns when the pass is done, so starting it early gains nothing)."""
         path = check_gguf_file(path)
         if not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
@@ -182,11 +184,18 @@ class LlamaBackend(LlamaHandles):
         self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
         self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
         self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
-        self._logits_type = None  # ctypes array type of llama.cpp's output buffer, made on first use
+        self._logits_address = logits_address()
+        self._logits: tuple[int, np.ndarray] | None = None  # llama.cpp's output buffer: (address, a view of it)
         self.sequences = sequences
+        self.overlap = n_gpu_layers != 0 if overlap is None else overlap
+        self._ahead = False  # a pass prefetch started, whose rows collect has not read
 
-    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
+        """See Backend.forward. copy=False: where the pass fits one batch, the rows are a read-only view of
+        llama.cpp's output buffer, valid until this backend's next forward (a 600 KB copy saved per token at a
+        152k vocabulary)."""
         lib = _lib()
+        self._settle()
         if self._pending:  # tokens a kept tree branch still owes the cache go first, in the same pass
             tokens = [*self._pending, *tokens]
             del self.tokens[len(self.tokens) - len(self._pending):]
@@ -198,11 +207,12 @@ class LlamaBackend(LlamaHandles):
             # n_outputs_max): run the rows without logits with them off, then the rest with them on. Up to
             # MAX_OUTPUTS rows (a verify pass after a kept tree branch) share one pass, all rows out.
             self.forward(tokens[:n - n_logits], 0)
-            return self.forward(tokens[n - n_logits:], n_logits)
+            return self.forward(tokens[n - n_logits:], n_logits, copy=copy)
         with_hidden = self.hidden and n_logits > 0
         if self.hidden:
             lib.llama_set_embeddings(self._ctx, with_hidden)
-        out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        view = not copy and n <= self.n_batch
+        out = None if view else np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
         hidden = np.empty((n_logits, self.n_embd), dtype=np.float32) if with_hidden else None  # [n_logits, E]
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -216,26 +226,64 @@ class LlamaBackend(LlamaHandles):
             self.tokens.extend(chunk)
             tail = len(chunk) - max(first_out, 0)  # the chunk's last rows, the ones asked for
             if tail > 0:
-                # one copy out of llama.cpp's output buffer (its rows in batch order); with hidden states on,
-                # every row of the chunk has an output and the ones asked for are its last
+                # llama.cpp's output buffer holds the rows in batch order; with hidden states on, every row of
+                # the chunk has an output and the ones asked for are its last
                 n_out = len(chunk) if with_hidden else tail
-                rows = self._output_rows(n_out)
-                at = start + max(first_out, 0) - (n - n_logits)
-                out[at:at + tail] = rows[n_out - tail:]
+                rows = self._output_rows(n_out)[n_out - tail:]
+                if view:
+                    out = rows
+                else:
+                    at = start + max(first_out, 0) - (n - n_logits)
+                    out[at:at + tail] = rows
             for j in range(max(first_out, 0), len(chunk)) if hidden is not None else ():
                 row = lib.llama_get_embeddings_ith(self._ctx, j)
                 hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
         self.last_hidden = hidden
-        return out
+        return out if out is not None else np.empty((0, self.vocab.n_vocab), dtype=np.float32)
+
+    def prefetch(self, tokens: Sequence[int]) -> bool:
+        """Start a forward of tokens (one row of logits, the last token's) without waiting for it, where
+        `overlap`: the caller's own work on the token before (text, stats, its consumer) then runs while the
+        device computes, and collect returns the rows. The tokens are in `tokens` from here on, as after a
+        forward; any other call discards the rows. Returns whether a pass was started."""
+        self._settle()
+        if not self.overlap or self.hidden or self._pending or self._tree is not None or not tokens \
+                or len(tokens) > self.n_batch or len(self.tokens) + len(tokens) > self.n_ctx:
+            return False
+        try:
+            self._decode([(tok, len(self.tokens) + j, 0, j == len(tokens) - 1) for j, tok in enumerate(tokens)])
+        except EdgespecError:
+            self.rollback(len(self.tokens))
+            raise
+        self.tokens.extend(tokens)
+        self._ahead = True
+        return True
+
+    def collect(self) -> np.ndarray:
+        """The rows [1, V] of the pass prefetch started (waiting for it): a read-only view of llama.cpp's
+        output buffer, valid until this backend's next pass."""
+        if not self._ahead:
+            raise RuntimeError("collect without a pass that prefetch started")
+        self._ahead = False
+        return self._output_rows(1)  # llama_get_logits waits for the pass
+
+    def _settle(self) -> None:
+        """Wait for a pass prefetch started whose rows nobody will read: its tokens stay in the cache."""
+        if self._ahead:
+            self._ahead = False
+            _lib().llama_synchronize(self._ctx)
 
     def _output_rows(self, n_out: int) -> np.ndarray:
-        """The last decode's logits rows [n_out, V], a view of llama.cpp's output buffer (valid until the next
-        decode). The buffer's ctypes type is made once, where np.ctypeslib.as_array would make one every call."""
-        if self._logits_type is None:
-            self._logits_type = ctypes.c_float * (MAX_OUTPUTS * self.vocab.n_vocab)
-        address = ctypes.cast(_lib().llama_get_logits(self._ctx), ctypes.c_void_p).value
-        buffer = self._logits_type.from_address(address)
-        return np.frombuffer(buffer, dtype=np.float32, count=n_out * self.vocab.n_vocab).reshape(n_out, -1)
+        """The last decode's logits rows [n_out, V], a read-only view of llama.cpp's output buffer (valid until
+        the next decode), made again only when llama.cpp moves the buffer."""
+        address = self._logits_address(self._ctx)
+        if self._logits is None or self._logits[0] != address:
+            n_vocab = self.vocab.n_vocab
+            buffer = (ctypes.c_float * (MAX_OUTPUTS * n_vocab)).from_address(address)
+            rows = np.frombuffer(buffer, dtype=np.float32).reshape(MAX_OUTPUTS, n_vocab)
+            rows.flags.writeable = False
+            self._logits = (address, rows)
+        return self._logits[1][:n_out]
 
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """One pass over a tree of tokens after the cache: tokens[0] (parent -1) follows the cached text, every
@@ -248,6 +296,7 @@ class LlamaBackend(LlamaHandles):
         (_pending) go first in the same pass, on every sequence."""
         lib, n = _lib(), len(tokens)
         check_forward(self, n, n, MAX_OUTPUTS)
+        self._settle()
         if self._tree is not None:
             raise RuntimeError("keep_branch must follow forward_tree before another pass")
         depth, has_child = [], [False] * n
@@ -350,7 +399,7 @@ class LlamaBackend(LlamaHandles):
             raise EdgespecError(f"a prompt with {max_tokens} tokens to answer needs {need} cells, more than the "
                                 f"context of {self.n_ctx} (or a prompt is empty)")
         streams = max(1, min(streams, self.sequences, len(prompts), self.n_ctx // need))  # as many as fit
-        self.rollback(0)
+        self.rollback(0)  # also waits for a prefetched pass
         if self.hidden:
             _lib().llama_set_embeddings(self._ctx, False)
         answers: list[tuple[list[int], bool] | None] = [None] * len(prompts)
@@ -407,6 +456,7 @@ class LlamaBackend(LlamaHandles):
     def rollback(self, n_past: int) -> None:
         if n_past < 0 or n_past > len(self.tokens):
             raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        self._settle()
         self._drop_branches()  # a tree no branch was kept from
         del self._pending[max(n_past - (len(self.tokens) - len(self._pending)), 0):]
         if not _lib().llama_memory_seq_rm(self._mem, 0, n_past, -1):

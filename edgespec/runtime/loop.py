@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,6 +113,7 @@ def speculate(
     constraint: Constraint | None = None,
     tree_width: int = 1,
     gate: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Event]:
     """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
 
@@ -123,6 +124,7 @@ def speculate(
     rounds under a constraint, or with another drafter or target, draft chains.
     gate: a drafter that knows how sure it is (`gated`: draft models, heads) drafts chains under the
     controller's DraftGate, which ends each chain where one more token would not pay (with draft_max None).
+    clock: seconds for every time the loop takes (a simulated device's virtual clock: runtime/sim_backend.py).
 
     Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
     whatever the drafter.
@@ -139,11 +141,11 @@ def speculate(
     if tree_width < 1:
         raise EdgespecError(f"tree width must be at least 1, got {tree_width}")
     return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
-                   constraint, tree_width, gate)
+                   constraint, tree_width, gate, clock)
 
 
 def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint,
-            tree_width, gate):
+            tree_width, gate, clock):
     """The generator behind `speculate`, which validated its arguments eagerly."""
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
@@ -151,16 +153,20 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
         target, "forward_tree")
     gated = gate and draft_max is None and not trees and getattr(drafter, "gated", False)
+    # target-only decoding knows each pass's token before it hands the token out: a backend that can start the
+    # pass then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn
+    start_next = getattr(target, "prefetch", None) if drafter is None else None
+    started = False  # the next round's pass is under way
 
-    t_start = time.perf_counter()
+    t_start = clock()
     if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
         drafter.reset()
     sync(target, committed[:-1], 0)
     # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
     # it only if a probe comes
-    if drafter is not None and draft_max != 0 and (draft_max is not None or controller.drafting()):
+    if drafter is not None and draft_max != 0 and (draft_max is not None or controller.begin(len(committed))):
         catch_up(drafter, committed)
-    t_decode = time.perf_counter()
+    t_decode = clock()
     stats.prefill_s += t_decode - t_start
     decode_base = stats.decode_s
 
@@ -180,20 +186,21 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 k = min(k, room - 1, max_tokens - stats.generated - 1)
 
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
-                t = time.perf_counter()
+                t = clock()
                 catch_up(drafter, committed)
-                stats.draft_s += time.perf_counter() - t
-            t0 = time.perf_counter()
+                stats.draft_s += clock() - t
+            t0 = clock()
             if trees:  # the tree's nodes must fit the context and one pass
                 k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
             if k > 0 and trees:
                 drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, committed, k, tree_width,
-                                                                            params, rng)
+                                                                            params, rng, clock)
                 stats.tree_nodes += n_pass - 1
             else:
                 round_gate = controller.gate() if gated and k > 0 else None
                 drafts, n_acc, token, target_laws, t1, t2 = _chain_round(target, drafter, committed, k, params,
-                                                                         rng, constraint, round_gate)
+                                                                         rng, constraint, round_gate, clock,
+                                                                         started)
                 n_pass, k_round = len(drafts) + 1, len(drafts)
                 if round_gate is not None:
                     controller.observe_gate(round_gate, len(drafts), n_acc)
@@ -223,6 +230,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                         guess_law = laws.as_laws(guess_probs, 1)[0]
                         controller.observe_shadow(laws.acceptance(target_laws[0], guess_law, guess[0]))
 
+            started = start_next is not None and token not in eog and stats.generated + n_acc + 1 < max_tokens \
+                and len(committed) + n_acc + 1 < target.n_ctx and start_next([token])
             for i, tok in enumerate([*drafts[:n_acc], token]):
                 committed.append(tok)
                 if constraint is not None:
@@ -231,7 +240,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     stats.finish_reason = "stop"
                     break
                 stats.generated += 1
-                stats.decode_s = decode_base + time.perf_counter() - t_decode  # live: tokens/s mid-stream too
+                stats.decode_s = decode_base + clock() - t_decode  # live: tokens/s mid-stream too
                 piece = text.feed(pieces[tok])
                 yield Event(tok, piece, from_draft=i < n_acc)
                 if text.stopped:
@@ -246,12 +255,14 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     finally:  # also reached when the consumer closes the stream early
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
-        stats.decode_s = decode_base + time.perf_counter() - t_decode
+        stats.decode_s = decode_base + clock() - t_decode
 
 
-def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None):
-    """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass; the target's
-    cache keeps the accepted ones. Returns (drafts, accepted, next token, the target's laws (laws.Rows), draft end
+def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None, clock=time.perf_counter,
+                 started=False):
+    """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass (started: the
+    target is computing the pass over the last committed token already, k is 0); the target's cache keeps the
+    accepted ones. Returns (drafts, accepted, next token, the target's laws (laws.Rows), draft end
     time, verify end time)."""
     drafts, draft_probs = [], None
     if k > 0:
@@ -262,29 +273,33 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
     allowed = None
     if constraint is not None:
         drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
-    t1 = time.perf_counter()
-    logits = target.forward([committed[-1], *drafts], len(drafts) + 1)  # [k+1, V]
+    t1 = clock()
+    # the rows are read before the target's next pass: a view of its buffer where it has one
+    if started:
+        logits = target.collect()  # [1, V]
+    else:
+        logits = target.forward([committed[-1], *drafts], len(drafts) + 1, copy=False)  # [k+1, V]
     if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
         logits = np.where(allowed, logits, -np.inf)
     target_laws = laws.Rows(logits, params)  # each row processed when the rule first reads it
     # k = 0 is the same rule with nothing to accept: a plain target sample
     n_acc, token = laws.verify(target_laws, laws.as_laws(draft_probs, len(drafts)), drafts, target.vocab.n_vocab, rng)
-    t2 = time.perf_counter()
+    t2 = clock()
     if len(committed) + n_acc < len(target.tokens):  # nothing to drop after a round that kept every draft
         target.rollback(len(committed) + n_acc)
     return drafts, n_acc, token, target_laws, t1, t2
 
 
-def _tree_round(target, drafter, committed, k, width, params, rng):
+def _tree_round(target, drafter, committed, k, width, params, rng, clock=time.perf_counter):
     """Draft a tree k deep with up to `width` candidates per depth, verify it in one pass; the target's cache
     keeps the accepted branch. Returns (accepted tokens, their number, next token, tokens in the pass, the
     tree's depth, draft end time, verify end time)."""
     tree = drafter.propose_tree(committed, k, width, params, rng)
-    t1 = time.perf_counter()
+    t1 = clock()
     logits = target.forward_tree([committed[-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])  # [n+1, V]
     path, token = verify_tree(to_probs(logits, params), tree.probs, np.asarray(tree.tokens, dtype=np.int64),
                               np.asarray(tree.parents, dtype=np.int64), rng)
-    t2 = time.perf_counter()
+    t2 = clock()
     target.keep_branch([0, *(i + 1 for i in path)])  # the root and the accepted nodes; last_hidden their rows
     accepted = [tree.tokens[i] for i in path]
     return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2

@@ -269,7 +269,7 @@ class OnnxBackend:
         self._cache = (DeviceCache(ort, self._session, self._graph, outputs) if on_gpu
                        else HostCache(self._session, self._graph, outputs))
 
-    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)
         out = np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
