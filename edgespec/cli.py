@@ -619,8 +619,12 @@ def default_checkpoint(out):
               help="Require 'Authorization: Bearer KEY' on /v1 requests [env EDGESPEC_API_KEY]")
 @click.option("-n", "--max-tokens", "default_max_tokens", type=click.IntRange(1), default=256, show_default=True,
               help="Tokens per answer when a request does not say")
-def serve(load_engine, host, port, api_key, default_max_tokens):
-    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health).
+@click.option("--max-queue", type=click.IntRange(1), default=16, show_default=True,
+              help="Most requests admitted at once, the one generating included; more get a 429 with Retry-After")
+@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+              help="Seconds a request may take from its arrival, waiting included; past it, a 504")
+def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout):
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
 
     One model pair, loaded once; requests are answered one at a time, in order.
     """
@@ -633,7 +637,8 @@ def serve(load_engine, host, port, api_key, default_max_tokens):
     engine = load_engine()
     _status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
     try:
-        run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens)
+        run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
+                   max_queue=max_queue, request_timeout=request_timeout)
     finally:
         engine.close()
 

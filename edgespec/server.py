@@ -1,19 +1,19 @@
 """`edgespec serve`: an OpenAI-compatible HTTP server over one loaded Engine (FastAPI on uvicorn).
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streamed as server-sent events with
-"stream": true), GET /v1/models, GET /health. Every completion carries its generation's speculative
-statistics (drafted, accepted, acceptance rate, ...) in an extra top-level `edgespec` field, which
-OpenAI clients ignore; a stream sends them with its last chunk.
+"stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text; no key needed, like /health).
+Every completion carries its generation's speculative statistics (drafted, accepted, acceptance rate, ...)
+in an extra top-level `edgespec` field, which OpenAI clients ignore; a stream sends them with its last chunk.
 
-One generation at a time: the engine holds one KV cache per model, so requests queue on a lock (first
-come, first served) and each generation runs on a worker thread, leaving the event loop free to accept
-requests and to notice disconnects. A client that goes away stops its generation at the next token
-(Stream.close), which releases the lock; the next generation re-syncs the caches from its own prompt, so
-nothing of a cancelled one carries over.
-
-Errors come back in OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a request
-edgespec cannot serve (validation, unsupported options, a prompt longer than the context), 401 for a
-missing or wrong API key.
+One generation at a time: the engine holds one KV cache per model, so requests queue (first come, first
+served; edgespec/server_limits.py) and each generation runs on a worker thread, leaving the event loop free
+to accept requests and to notice disconnects. A client that goes away stops its generation at the next token
+(Stream.close), which frees the engine; the next generation re-syncs the caches from its own prompt, so
+nothing of a cancelled one carries over. At most `max_queue` requests are admitted at once (the one
+generating included); more are refused with a 429 and a Retry-After header. A request that runs past
+`request_timeout` seconds from its arrival, waiting included, is stopped and answered with a 504 (a stream
+that has started ends with an error event instead). Errors come back in OpenAI's shape
+(edgespec/server_errors.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,22 @@ import uuid
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgespec.api import Engine
 from edgespec.errors import EdgespecError
+from edgespec.runtime.loop import Stats
+from edgespec.server_errors import (
+    KeyRefusedError,
+    RequestTimeoutError,
+    add_error_handlers,
+    check_unicode,
+    error,
+    failure,
+    queue_full,
+)
+from edgespec.server_limits import Admission, CountResponses, Metrics
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}  # ours -> OpenAI's
 
@@ -54,6 +64,12 @@ class Sampling(BaseModel):
     """What both endpoints accept: OpenAI's sampling fields plus edgespec's top_k, min_p and draft_max."""
 
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we need not read (user, ...)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        """Refuse lone surrogates ("\\udcff" is valid JSON but no text): a tokenizer cannot encode them."""
+        return check_unicode(data)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -107,62 +123,61 @@ class CompletionRequest(Sampling):
     prompt: str = Field(min_length=1)
 
 
-class KeyRefusedError(Exception):
-    """A request without the server's API key."""
-
-
-def error(status: int, message: str, *, param: str | None = None, code: str | None = None,
-          kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
-
-
 class Generation:
     """One request's generation on a worker thread; its events arrive on an asyncio queue as
-    ("event", Event), then ("done", Stream) or ("error", exception). stop() ends it at the next token."""
+    ("event", Event), then ("done", Stream) or ("error", exception). stop() ends it at the next token.
+    on_end(generation) runs on the event loop once the engine is free, before the last item arrives."""
 
-    def __init__(self, engine: Engine, prompt, chat: bool, args: dict):
+    def __init__(self, engine: Engine, prompt, chat: bool, args: dict, on_end):
         self.queue: asyncio.Queue = asyncio.Queue()
         self._stop = threading.Event()
         self.finish_reason: str | None = None  # the loop's, once the thread has ended
+        self.stats: Stats | None = None  # the loop's, once it has started
+        self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
         put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
 
         def run():
             try:
                 stream = engine.stream(prompt, chat=chat, **args)
+                self.stats = stream.stats
                 for event in stream:
                     if self._stop.is_set():
                         break
                     put(("event", event))
                 stream.close()
                 self.finish_reason = stream.stats.finish_reason
-                put(("done", stream))
+                last = ("done", stream)
             except Exception as e:  # EdgespecError for the client; anything else is ours, reported as 500
-                put(("error", e))
+                last = ("error", e)
+            loop.call_soon_threadsafe(on_end, self)  # before the last item: counted by the time the client hears
+            put(last)
 
-        self.done = loop.run_in_executor(None, run)
+        loop.run_in_executor(None, run)
 
     def stop(self) -> None:
         self._stop.set()
 
 
+
 def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | None = None,
-               default_max_tokens: int = 256) -> FastAPI:
-    """The app serving `engine`. api_key: required as 'Authorization: Bearer KEY' when set (not on /health).
-    model_id: the name /v1/models lists and responses report (default: the target's file name)."""
+               default_max_tokens: int = 256, max_queue: int = 16,
+               request_timeout: float | None = 600.0) -> FastAPI:
+    """The app serving `engine`. api_key: required as 'Authorization: Bearer KEY' when set (not on /health or
+    /metrics). model_id: the name /v1/models lists and responses report (default: the target's file name).
+    max_queue: most requests admitted at once, the one generating included; more get a 429.
+    request_timeout: seconds a request may take from its arrival, waiting included (None: no limit)."""
+    if max_queue < 1:
+        raise EdgespecError(f"the queue must hold at least 1 request, got {max_queue}")
+    if request_timeout is not None and request_timeout <= 0:
+        raise EdgespecError(f"the request timeout must be positive, got {request_timeout}")
     served = model_id or engine.target.name
-    lock = asyncio.Lock()
+    admission = Admission(max_queue)
+    metrics = Metrics()
     last = {"finish_reason": None}  # of the last generation, for /health
     app = FastAPI(title="edgespec", description="OpenAI-compatible speculative decoding server")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
-        return error(400, f"{where}: {message}" if where else message, param=where or None)
+    app.add_middleware(CountResponses, metrics=metrics)
+    add_error_handlers(app)
 
     def authorize(request: Request):
         if api_key is None:
@@ -171,14 +186,15 @@ def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | No
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
             raise KeyRefusedError
 
-    @app.exception_handler(KeyRefusedError)
-    async def refused(request: Request, exc: KeyRefusedError):
-        return error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
-
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served, "draft": _draft_name(engine), "busy": lock.locked(),
-                "last_finish_reason": last["finish_reason"]}
+        return {"status": "ok", "model": served, "draft": _draft_name(engine), "busy": admission.lock.locked(),
+                "waiting": admission.waiting, "last_finish_reason": last["finish_reason"]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue),
+                                 media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models():
@@ -193,30 +209,42 @@ def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | No
     async def completions(body: CompletionRequest, request: Request):
         return await complete(request, body, body.prompt, chat=False)
 
+    def ended(gen: Generation) -> None:
+        last.update(finish_reason=gen.finish_reason)
+        metrics.add(gen.stats, time.perf_counter() - gen.started)
+        admission.leave()
+
     async def complete(request: Request, body: Sampling, prompt, chat: bool):
         problem = body.unsupported()
         if problem:
             return error(400, problem)
+        if not admission.admit():
+            return queue_full(admission.admitted, metrics.retry_after())
+        deadline = None if request_timeout is None else asyncio.get_running_loop().time() + request_timeout
         ids = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                "model": served}
-        await lock.acquire()
         try:
-            gen = Generation(engine, prompt, chat, body.engine_args(default_max_tokens))
+            await admission.turn(deadline)
+        except TimeoutError:
+            return failure(RequestTimeoutError(request_timeout))
+        try:
+            gen = Generation(engine, prompt, chat, body.engine_args(default_max_tokens), ended)
         except BaseException:
-            lock.release()
+            admission.leave()
             raise
-        # the lock is free again when the generation's thread has ended, however the request ends
-        gen.done.add_done_callback(lambda _: (last.update(finish_reason=gen.finish_reason), lock.release()))
         watcher = asyncio.ensure_future(_stop_on_disconnect(request, gen))
+        streaming = False  # once the response streams, _sse stops the generation
         try:
-            first = await gen.queue.get()
-            if first[0] == "error":  # refused before any token (e.g. the prompt overflows the context)
-                return _failure(first[1])
+            first = await _next(gen, deadline, request_timeout)
+            if first[0] == "error":  # refused before any token (e.g. the prompt overflows the context), or late
+                return failure(first[1])
             if body.stream:
-                return StreamingResponse(_sse(gen, first, ids, chat, watcher), media_type="text/event-stream")
-            return await _whole(gen, first, ids, chat)
+                streaming = True
+                return StreamingResponse(_sse(gen, first, ids, chat, watcher, deadline, request_timeout),
+                                         media_type="text/event-stream")
+            return await _whole(gen, first, ids, chat, deadline, request_timeout)
         finally:
-            if not body.stream:
+            if not streaming:
                 gen.stop()
                 watcher.cancel()
 
@@ -229,10 +257,15 @@ def _draft_name(engine: Engine) -> str:
     return engine.drafter.name if engine.drafter is not None else "none"
 
 
-def _failure(exc: Exception) -> JSONResponse:
-    if isinstance(exc, EdgespecError):
-        return error(400, str(exc))
-    return error(500, f"generation failed: {exc!r}", kind="server_error")
+async def _next(gen: Generation, deadline: float | None, limit: float | None):
+    """The generation's next item, or ("error", RequestTimeoutError) past the deadline, which stops it: the
+    engine is free once its thread notices, at the next token."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await gen.queue.get()
+    except TimeoutError:
+        gen.stop()
+        return "error", RequestTimeoutError(limit)
 
 
 def _usage(stream) -> dict:
@@ -247,14 +280,14 @@ async def _stop_on_disconnect(request: Request, gen: Generation) -> None:
     gen.stop()
 
 
-async def _whole(gen: Generation, item, ids: dict, chat: bool):
+async def _whole(gen: Generation, item, ids: dict, chat: bool, deadline: float | None, limit: float | None):
     """Collect a whole answer."""
     pieces = []
     while item[0] == "event":
         pieces.append(item[1].text)
-        item = await gen.queue.get()
+        item = await _next(gen, deadline, limit)
     if item[0] == "error":
-        return _failure(item[1])
+        return failure(item[1])
     stream, text = item[1], "".join(pieces)
     finish = FINISH.get(stream.stats.finish_reason, "stop")
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat
@@ -263,9 +296,11 @@ async def _whole(gen: Generation, item, ids: dict, chat: bool):
             "usage": _usage(stream), "edgespec": stream.stats.to_dict()}
 
 
-async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Future):
-    """Server-sent events for a stream. A client that disconnects cancels the response: `finally` (or
-    the watcher, if the response never started) stops the generation."""
+async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Future, deadline: float | None,
+               limit: float | None):
+    """Server-sent events for a stream; an error (a timeout included) is its last event before [DONE]. A client
+    that disconnects cancels the response: `finally` (or the watcher, if the response never started) stops
+    the generation."""
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, finish: str | None = None, first: bool = False, **extra) -> str:
@@ -282,10 +317,10 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
         while item[0] == "event":
             if item[1].text:
                 yield chunk(item[1].text)
-            item = await gen.queue.get()
+            item = await _next(gen, deadline, limit)
         if item[0] == "error":
-            failure = _failure(item[1])
-            yield f"data: {failure.body.decode()}\n\n"
+            refusal = failure(item[1])
+            yield f"data: {refusal.body.decode()}\n\n"
         else:
             stream = item[1]
             yield chunk(None, FINISH.get(stream.stats.finish_reason, "stop"), usage=_usage(stream),
@@ -297,9 +332,10 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
 
 
 def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          default_max_tokens: int = 256) -> None:
-    """Serve `engine` until interrupted."""
+          default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0) -> None:
+    """Serve `engine` until interrupted; the arguments after port are create_app's."""
     import uvicorn
 
-    app = create_app(engine, api_key=api_key, default_max_tokens=default_max_tokens)
+    app = create_app(engine, api_key=api_key, default_max_tokens=default_max_tokens, max_queue=max_queue,
+                     request_timeout=request_timeout)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -90,6 +90,10 @@ def test_completions_and_models(client, server):
     assert streamed == r.choices[0].text
     assert [m.id for m in client.models.list().data] == [r.model]
     assert httpx.get(f"{server}/health").json()["status"] == "ok"  # no key needed
+    metrics = httpx.get(f"{server}/metrics")  # no key needed either
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    generated = next(line for line in metrics.text.splitlines() if line.startswith("edgespec_generated_tokens_total"))
+    assert int(generated.split()[1]) >= 2 * r.usage.completion_tokens
 
 
 @pytest.mark.parametrize("extra, words", [({"n": 2}, "n must be 1"), ({"temperature": -1}, "temperature"),
@@ -107,6 +111,9 @@ def test_malformed_requests_and_keys(server):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{server}/v1/chat/completions", json={"messages": []}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(f"{server}/v1/chat/completions", headers=h,  # valid JSON, but no text llama.cpp can tokenize
+                   content=b'{"messages": [{"role": "user", "content": "Hi \\udcff"}]}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content"
     r = httpx.post(f"{server}/v1/chat/completions", headers=h,
                    json={"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
     assert r.status_code == 400
