@@ -36,7 +36,7 @@ def main() -> None:
     engine = load(args.target, args.draft, n_ctx=1024)
     ways = ["target-only", "eager", "lazy"]
     controllers = {way: copy.deepcopy(engine.controller) for way in ways}
-    controllers["eager"].drafting = lambda: True  # the prompt read at prefill always
+    controllers["eager"].begin = lambda prompt_tokens: True  # the prompt read at prefill always
     prompts = [row["prompt"] for row in read_prompts(None)][::args.every]
     engine.generate(prompts[0], max_tokens=16, draft_max=0)  # warm up
     totals = defaultdict(lambda: defaultdict(float))

@@ -20,7 +20,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend
-from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs
+from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
 from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.eagle import EAGLE_SUFFIX
 from edgespec.runtime.heads import HEADS_SUFFIX
@@ -406,4 +406,5 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
         controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
+        controller.read_cost = measure_read_cost(draft_backend)  # what catching up on skipped text costs it
     return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate)

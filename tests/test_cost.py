@@ -7,6 +7,8 @@ from edgespec.runtime.cost import (
     CONFIDENCE_BINS,
     PROBE_EVERY,
     PROBE_MAX,
+    PROBE_READ_MAX,
+    REPAY_ROUNDS,
     DraftController,
     expected_tokens,
     measure_pass_costs,
@@ -72,6 +74,65 @@ def test_a_probe_that_brings_drafting_back_resets_the_wait():
     for _ in range(60):  # and hard again
         c.observe(4, 0, 0.0, c.target_costs[5])
     assert probes([c.choose() for _ in range(PROBE_EVERY)]) == [PROBE_EVERY]  # back to the first wait
+
+
+def test_a_free_draft_scored_in_idle_rounds_is_never_probed():
+    """Prompt lookup's guesses are scored against the target row every round it does not draft: that is the
+    evidence a probe would bring, for nothing."""
+    c = controller_with(0.0, 0.6)
+    choices = []
+    for _ in range(PROBE_EVERY * 4):
+        choices.append(c.choose())
+        c.observe_shadow(0.0)
+    assert choices == [0] * (PROBE_EVERY * 4)
+
+
+def test_no_probe_where_reading_the_skipped_text_costs_more_than_a_share_of_a_target_step():
+    """A declined draft model reads every token it skipped before a probe: at a fifth of a target step a token
+    (a draft model on a CPU), that alone costs a fifth of the time it was declined, however rare the probes."""
+    cheap, dear = controller_with(0.0, 0.6), controller_with(0.0, 0.6)
+    cheap.read_cost = 0.5 * PROBE_READ_MAX * cheap.target_costs[1]
+    dear.read_cost = 2 * PROBE_READ_MAX * dear.target_costs[1]
+    assert probes([cheap.choose() for _ in range(PROBE_EVERY)]) == [PROBE_EVERY]
+    assert probes([dear.choose() for _ in range(PROBE_MAX * 4)]) == []
+
+
+def test_drafting_resumes_after_idle_rounds_only_where_it_repays_reading_them():
+    c = controller_with(0.0, 0.1, draft_cost=0.01)  # declined: nothing is accepted
+    c.read_cost = 1.0  # a target step per token skipped
+    for _ in range(100):
+        assert c.choose() == 0
+    for _ in range(30):  # the text turns easy, as a free scorer might tell
+        c.observe_shadow(1.0)
+    k = c.best_k()
+    assert k > 0 and c.read_cost * 100 > REPAY_ROUNDS * c.saving(k)  # too many tokens skipped to repay soon
+    assert c.choose() == 0
+    c.read_cost = 0.0
+    assert c.choose() == k
+
+
+def test_a_prompt_is_read_at_prefill_only_where_drafting_would_repay_it():
+    c = controller_with(0.75, 0.1, draft_cost=0.01)
+    k = c.best_k()
+    assert k > 0
+    c.read_cost = 0.001
+    assert c.begin(100) and c.choose() == k
+    c.read_cost = 10 * REPAY_ROUNDS * c.saving(k) / 100
+    assert not c.begin(100)  # the prompt stays unread, and the first rounds do not draft
+    assert c.choose() == 0
+
+
+def test_a_probe_keeps_its_first_draft_whatever_the_gate_calibration_says():
+    """A gate whose calibration says no to every token would veto the probes that could change its mind: a probe's
+    gate keeps its first token (the choice depends on no draw, so the output law is untouched)."""
+    c = calibrated(0.0)  # no token pays
+    c.accepted, c.rejected = 0.0, 50.0  # nor does drafting
+    assert not c.gate().keep(0.95)
+    choices = [c.choose() for _ in range(PROBE_EVERY)]
+    assert choices[-1] == 1
+    gate = c.gate()
+    assert gate.keep(0.95) and not gate.go_on() and not gate.keep(0.95)
+    assert c.choose() == 0 and not c.gate().keep(0.95)  # the next round is no probe
 
 
 def test_acceptance_estimate_is_accepted_over_accepted_plus_rejections():
