@@ -6,11 +6,22 @@ EXTRAS ?= gguf,demo,dev,export,onnx,serve,desktop,grammar
 # without an NVIDIA GPU, take torch's CPU wheel; an unpinned torch would pull a CUDA build of several GB
 TORCH_CPU ?= torch==2.13.0
 PAIR_DIR ?= models
-# the llama-cpp-python build flags; a native build segfaults in ggml's AMX kernels on some CPUs
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+# GPU=cuda|metal|vulkan|cpu: the backend llama.cpp is built for beside the CPU (default cpu). The CPU flags stay:
+# a native build segfaults in ggml's AMX kernels on some CPUs, so -DGGML_NATIVE=OFF is added unless CMAKE_ARGS
+# (the environment's, added last) sets GGML_NATIVE itself. GPU=cuda also swaps onnxruntime for onnxruntime-gpu.
+GPU ?= cpu
+GPU_FLAGS_cpu :=
+GPU_FLAGS_cuda := -DGGML_CUDA=ON
+GPU_FLAGS_metal := -DGGML_METAL=ON
+GPU_FLAGS_vulkan := -DGGML_VULKAN=ON
+ifeq ($(filter $(GPU),cpu cuda metal vulkan),)
+$(error GPU=$(GPU): choose cuda, metal, vulkan or cpu)
+endif
+export CMAKE_ARGS := $(strip $(if $(findstring GGML_NATIVE,$(CMAKE_ARGS)),,-DGGML_NATIVE=OFF) \
+	$(GPU_FLAGS_$(GPU)) $(CMAKE_ARGS))
 
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS)"; } | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS) $(GPU)"; } | sha256sum | cut -c1-12)
 
 .PHONY: install chat test bench bench-pair bench-memory bench-host pair qat-draft qat-draft-all lint clean
 
@@ -24,6 +35,10 @@ $(STAMP):
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "$(PY) -m pip install $(TORCH_CPU)"; \
 		$(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@# onnxruntime-gpu holds the same module with the CUDA provider: one of the two, the same version
+	@if [ "$(GPU)" = cuda ] && $(PY) -m pip show onnxruntime >/dev/null 2>&1; then \
+		v=$$($(PY) -c 'import importlib.metadata as m; print(m.version("onnxruntime"))'); \
+		$(PY) -m pip uninstall --quiet -y onnxruntime && $(PY) -m pip install --quiet "onnxruntime-gpu==$$v"; fi
 	@rm -f $(VENV)/.edgespec-installed-*
 	@touch $@
 

@@ -1,15 +1,19 @@
 """Where a decoded token's time goes, from llama.cpp's decode to edgespec's loop, on one GGUF.
 
-Four ways to decode the same number of tokens one at a time, each from an empty cache, timed per token:
+Ways to decode the same number of tokens one at a time, each from an empty cache, timed per token:
 1. bare decode, llama-bench's context: llama_decode of one token and a wait for it, on a context of one
    sequence (what llama-bench's tg test measures);
 2. bare decode, edgespec's context: the same calls on a context made as LlamaBackend makes it (16 sequences
-   in a unified cache for draft trees, 16 output rows);
-3. LlamaBackend.forward: 2, plus the batch built in Python and the row of logits copied out (3b: on a
-   context of one sequence, as 1);
-4. edgespec's loop, target-only greedy: 3, plus the rule, the stats and the text.
-The differences between consecutive lines are what each layer costs. Runs are interleaved (1 2 3 4, repeated)
-and the median per way is reported.
+   in a unified cache for draft trees, 16 output rows); 2b: through LlamaBackend's own batch (built in Python,
+   positions, sequence and output flags given), and a wait;
+3. LlamaBackend.forward: 2b, plus the rows handed back: copied out (3), or read in place (3c: copy=False, as
+   the loop reads them), then with the argmax every greedy token needs (3d); 3b: 3 on a context of one
+   sequence, as 1;
+4. edgespec's loop, target-only greedy: 3d, plus the rule, the stats and the text; on a GPU each pass starts
+   before the token before it is handed out (LlamaBackend.prefetch), so the stats and the text overlap the
+   device (4b: the same loop with that off).
+The differences between ways are what each layer costs. Runs are interleaved (1 2 2b 3 ..., repeated) and the
+median per way is reported.
 
 usage: python benchmarks/decode_overhead.py --model FILE.gguf [--gpu-layers 99] [--threads 8] [--tokens 128]
        [--reps 3] [--json]
@@ -80,29 +84,48 @@ def main() -> None:
     single = LlamaBackend(args.model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers,
                           sequences=1)
 
-    def forward(b=backend) -> float:
+    def forward(b=backend, copy: bool = True, pick: bool = False) -> float:
         b.rollback(0)
         b.forward([1], 1)
         t0 = time.perf_counter()
         for i in range(args.tokens):
-            b.forward([(i * 7919 + 13) % n_vocab], 1)
+            rows = b.forward([(i * 7919 + 13) % n_vocab], 1, copy=copy)
+            if pick:
+                int(rows[0].argmax())
+        return (time.perf_counter() - t0) / args.tokens
+
+    def own_batch() -> float:  # LlamaBackend's batch, no rows read
+        backend.rollback(0)
+        t0 = time.perf_counter()
+        for i in range(args.tokens):
+            backend._decode([((i * 7919 + 13) % n_vocab, i, 0, True)])
+            lib.llama_synchronize(backend._ctx)
+        backend.tokens[:] = [0] * args.tokens  # what the cache holds, for the rollback that follows
         return (time.perf_counter() - t0) / args.tokens
 
     prompt = backend.tokenize("The", special=False)
 
-    def loop() -> float:
+    def loop(overlap: bool = backend.overlap) -> float:
         backend.rollback(0)
+        backend.overlap, was = overlap, backend.overlap
         stats = Stats()
-        for _ in speculate(backend, None, None, prompt, SamplingParams(0.0), np.random.default_rng(0),
-                           max_tokens=args.tokens, stats=stats):
-            pass
+        try:
+            for _ in speculate(backend, None, None, prompt, SamplingParams(0.0), np.random.default_rng(0),
+                               max_tokens=args.tokens, stats=stats):
+                pass
+        finally:
+            backend.overlap = was
         return stats.decode_s / max(stats.generated, 1)
 
     ways = {"1 bare decode, llama-bench's context": lambda: bare_decode(lib, contexts["bench"], n_vocab, args.tokens),
             "2 bare decode, edgespec's context": lambda: bare_decode(lib, contexts["edgespec"], n_vocab, args.tokens),
+            "2b bare decode, LlamaBackend's batch": own_batch,
             "3 LlamaBackend.forward": forward,
             "3b LlamaBackend.forward, one sequence": lambda: forward(single),
-            "4 edgespec loop, greedy": loop}
+            "3c LlamaBackend.forward, rows in place": lambda: forward(copy=False),
+            "3d LlamaBackend.forward, rows in place, argmax": lambda: forward(copy=False, pick=True),
+            "4 edgespec loop, greedy": loop,
+            "4b edgespec loop, greedy, no pass started ahead": lambda: loop(False)}
     times: dict[str, list[float]] = {name: [] for name in ways}
     for way in ways.values():  # warm-up
         way()

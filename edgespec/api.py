@@ -93,6 +93,15 @@ class Engine:
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary, built on first use (~1 s)
 
+    def placement(self) -> dict:
+        """Where each model runs: {"target": ..., "draft": ... or None}, each with its runtime, its device ("cpu",
+        a llama.cpp GPU such as CUDA0, an onnxruntime provider) and, for llama.cpp, the layers on the GPU."""
+        def where(backend):
+            placement = getattr(backend, "placement", None)  # a backend that cannot say runs on the host
+            return placement() if placement else {"runtime": backend.name, "device": "cpu"}
+
+        return {"target": where(self.target), "draft": where(self.draft_backend) if self.draft_backend else None}
+
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
         return prompt_tokens(self.target, prompt, chat=chat)
@@ -184,6 +193,37 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
                             n_gpu_layers=n_gpu_layers, hidden=hidden)
     raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
                         "ONNX export folders")
+
+
+ALL_LAYERS = 10_000  # n_gpu_layers for "all": llama.cpp offloads min(this, layers + output)
+
+
+def parse_gpu_layers(value: int | str | None) -> int | None:
+    """--gpu-layers N|all as a layer count (None: not given, the default placement)."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        if value is not None and value < 0:
+            raise EdgespecError(f"GPU layers must be 0 or more (or 'all'), got {value}")
+        return value
+    text = str(value).strip().lower()
+    if text == "all":
+        return ALL_LAYERS
+    if not text.isdigit():
+        raise EdgespecError(f"GPU layers must be a number or 'all', got {value!r}")
+    return int(text)
+
+
+def gpu_name() -> str | None:
+    """The GPU llama.cpp's build sees (None: a CPU build, or no llama-cpp-python)."""
+    try:
+        from edgespec.runtime.llama_lib import gpu_name as llama_gpu
+
+        return llama_gpu()
+    except EdgespecError:
+        return None
+
+
+def _gguf(path) -> bool:
+    return path is not None and Path(path).suffix.lower() == ".gguf"
 
 
 LOOKUP_FIRST = "ngram+"  # "ngram+DRAFT": prompt lookup where the text repeats, DRAFT elsewhere
@@ -319,7 +359,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
          profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
-         gate: bool = True, spin: bool | str | None = None) -> Engine:
+         gate: bool = True, spin: bool | str | None = None, gpu_layers: int | str | None = None) -> Engine:
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
@@ -336,6 +376,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         device, budget: plan memory for a device profile ("auto" = this machine, "orin-nano-8gb", ...) and/or a
             budget ("6GiB"), and load with the plan's settings; a pair that cannot fit is refused before any
             weights load. profiles: a TOML file of extra device profiles.
+        gpu_layers: llama.cpp layers on the GPU, target and draft alike. None (default): where this llama.cpp
+            build has a GPU (CUDA, Metal, Vulkan, ...), what fits there, as the plan for this machine
+            (device "auto") places it; ONNX models on onnxruntime's best provider (provider "auto"). "all" or a
+            number: that many; 0: the CPU only, ONNX models on onnxruntime's CPU provider.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
         hidden: the target also returns its hidden states (on by itself for a heads draft).
         tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
@@ -370,6 +414,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if tree_width > 1 and inner_draft(draft) != draft:
         raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
                             "of 1")
+    layers = parse_gpu_layers(gpu_layers)
+    if layers is None and device is None and budget is None and _gguf(target) and gpu_name() is not None:
+        device = "auto"  # GPU first: the plan for this machine puts on its GPU what fits there
     plan = None
     settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}
     draft_settings = dict(settings)
@@ -387,7 +434,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
                               "n_gpu_layers": plan.draft.n_gpu_layers}
         gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
         provider = provider or ("auto" if gpu_providers else "cpu")
-    provider = provider or "cpu"
+    if layers is not None:  # asked for: over the plan's
+        settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
+    provider = provider or ("cpu" if layers == 0 else "auto")
     if spin is None:
         spin = True if draft is None or str(draft) in ("none", "ngram") else SPIN_WITHIN_RUNS
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,

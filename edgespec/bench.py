@@ -118,6 +118,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     gated = getattr(engine.drafter, "gated", False)  # drafts chains under a DraftGate unless engine.gate is off
     return {
         "target": engine.target.name,
+        "placement": engine.placement(),
         "draft": engine.drafter.name + (" (grammar-unaware)" if json_schema and aware and not grammar_drafts
                                         else "") + (f" (tree {engine.tree_width})" if engine.tree_width > 1 else "")
         + (" (ungated)" if gated and not engine.gate else ""),

@@ -70,10 +70,17 @@ def model_options(f):
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
                   help="Heads draft trees with up to this many candidates per position, verified in one pass "
                        "(GGUF targets); 1 drafts chains. Other drafts given with bench --also draft chains")
+    @click.option("--gpu-layers", envvar="EDGESPEC_GPU_LAYERS", default=None, metavar="N|all",
+                  help="llama.cpp layers on the GPU, target and draft [default: where llama.cpp has a GPU, what "
+                       "fits there; env EDGESPEC_GPU_LAYERS]")
+    @click.option("--cpu", is_flag=True, help="Run on the CPU only (--gpu-layers 0, onnxruntime's CPU provider)")
     @plan_options
     @functools.wraps(f)
-    def wrapper(*args, pair, target, draft, provider, tree_width, device, budget, n_ctx, kv_type, profiles, threads,
-                **kwargs):
+    def wrapper(*args, pair, target, draft, provider, tree_width, gpu_layers, cpu, device, budget, n_ctx, kv_type,
+                profiles, threads, **kwargs):
+        if cpu and gpu_layers not in (None, "0"):
+            raise click.UsageError("--cpu runs every layer on the CPU: drop --gpu-layers, or --cpu")
+        gpu_layers = 0 if cpu else gpu_layers
         if pair:
             from edgespec.export.pair import read_manifest
 
@@ -85,7 +92,8 @@ def model_options(f):
                                                   or inner_draft(other_draft) != other_draft)
             width = 1 if chains else tree_width
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
-                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width, **extra)
+                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,
+                        gpu_layers=gpu_layers, **extra)
 
         # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
@@ -117,12 +125,19 @@ def _status(message: str) -> None:
 
 
 def describe(engine: Engine) -> str:
-    """Which models run where, e.g. 'target model.gguf (llama.cpp), draft ngram'; the plan, if one was made."""
-    def where(backend):
-        return f"{backend.name} ({getattr(backend, 'provider', 'llama.cpp')}, ctx {backend.n_ctx})"
+    """Which models run where, e.g. 'target model.gguf (llama.cpp on CUDA0, 29/29 layers, ctx 2048), draft ngram';
+    the plan, if one was made."""
+    placement = engine.placement()
 
-    draft = where(engine.draft_backend) if engine.draft_backend else (engine.drafter.name if engine.drafter else "none")
-    line = f"target {where(engine.target)}, draft {draft}"
+    def where(backend, place):
+        device = place["device"]
+        if place.get("gpu_layers"):
+            device += f", {place['gpu_layers']}/{place['layers']} layers"
+        return f"{backend.name} ({place['runtime']} on {device}, ctx {backend.n_ctx})"
+
+    draft = (where(engine.draft_backend, placement["draft"]) if engine.draft_backend
+             else (engine.drafter.name if engine.drafter else "none"))
+    line = f"target {where(engine.target, placement['target'])}, draft {draft}"
     if engine.plan is not None:
         plan = engine.plan
         line += (f"; plan for {plan.profile.name}: {plan.used / 2**20:.0f} of {plan.capacity / 2**20:.0f} MiB, "
@@ -149,7 +164,8 @@ def generate(prompt, load_engine, chat, schema_file, as_json, **sampling):
     if as_json:
         for _ in stream:
             pass
-        click.echo(json.dumps({"text": stream.text, "tokens": stream.tokens, **stream.stats.to_dict()}))
+        click.echo(json.dumps({"text": stream.text, "tokens": stream.tokens, **stream.stats.to_dict(),
+                               "placement": engine.placement()}))
         return
     for event in stream:
         click.echo(event.text, nl=False)

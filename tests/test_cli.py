@@ -30,6 +30,9 @@ def test_generate_json_reports_text_tokens_and_stats(runner):
     for key in ("acceptance_rate", "mean_accepted_length", "target_passes", "tokens_per_second", "drafted",
                 "accepted", "accepted_length_histogram", "draft_time_s", "target_time_s", "finish_reason"):
         assert key in data
+    # this machine's llama.cpp has no GPU: the target runs on the CPU, and says so
+    assert data["placement"] == {"target": {"runtime": "llama.cpp", "device": "cpu", "gpu_layers": 0, "layers": 31},
+                                 "draft": None}
 
 
 def test_generate_streams_text_and_summary(runner):
@@ -79,6 +82,8 @@ def test_bench_json_on_a_small_prompt_file(runner, tmp_path):
     (["generate", "hi", "--draft", "ngram+/nonexistent/draft.gguf"], "model file not found"),
     (["advise", "--draft", "ngram+draft.gguf"], "advise models one kind of draft at a time"),
     (["generate", "hi", "--draft", "ngram+eagle", "--tree-width", "2"], "prompt lookup drafts chains"),
+    (["generate", "hi", "--gpu-layers", "half"], "GPU layers must be a number or 'all'"),
+    (["generate", "hi", "--cpu", "--gpu-layers", "all"], "--cpu runs every layer on the CPU"),
 ])
 def test_user_errors_print_one_line_and_exit_nonzero(runner, args, message):
     result = runner.invoke(main, args)

@@ -180,6 +180,7 @@ class LlamaBackend(LlamaHandles):
         self.tokens: list[int] = []
         self.hidden = hidden
         self.n_embd = lib.llama_model_n_embd(self._model)
+        self.n_layer = lib.llama_model_n_layer(self._model)
         self.last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, if hidden
         self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
         self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
@@ -187,7 +188,11 @@ class LlamaBackend(LlamaHandles):
         self._logits_address = logits_address()
         self._logits: tuple[int, np.ndarray] | None = None  # llama.cpp's output buffer: (address, a view of it)
         self.sequences = sequences
-        self.overlap = n_gpu_layers != 0 if overlap is None else overlap
+        if overlap is None:
+            from edgespec.runtime.llama_lib import gpu_name
+
+            overlap = n_gpu_layers > 0 and gpu_name() is not None
+        self.overlap = overlap
         self._ahead = False  # a pass prefetch started, whose rows collect has not read
 
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
@@ -240,6 +245,16 @@ class LlamaBackend(LlamaHandles):
                 hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
         self.last_hidden = hidden
         return out if out is not None else np.empty((0, self.vocab.n_vocab), dtype=np.float32)
+
+    def placement(self) -> dict:
+        """Where the model runs: llama.cpp's GPU device (None: the CPU) and the layers on it, out of the
+        repeating layers plus the output layer (the planner's count)."""
+        from edgespec.runtime.llama_lib import gpu_name
+
+        gpu = gpu_name()
+        on_gpu = min(self.n_gpu_layers, self.n_layer + 1) if gpu and self.n_gpu_layers > 0 else 0
+        return {"runtime": "llama.cpp", "device": gpu if on_gpu else "cpu", "gpu_layers": on_gpu,
+                "layers": self.n_layer + 1}
 
     def prefetch(self, tokens: Sequence[int]) -> bool:
         """Start a forward of tokens (one row of logits, the last token's) without waiting for it, where

@@ -101,6 +101,17 @@ def devices() -> list[dict]:
     return out
 
 
+def gpu_name() -> str | None:
+    """The first GPU (discrete or integrated) llama.cpp's build sees, e.g. CUDA0 or MTL0; None for a CPU build."""
+    global _gpu
+    if _gpu is None:
+        _gpu = next((d["name"] for d in devices() if d["type"] in ("gpu", "igpu")), "")
+    return _gpu or None
+
+
+_gpu: str | None = None  # gpu_name's answer ("" for none), found once
+
+
 QUANT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
                "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
                "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",

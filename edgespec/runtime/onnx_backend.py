@@ -269,6 +269,11 @@ class OnnxBackend:
         self._cache = (DeviceCache(ort, self._session, self._graph, outputs) if on_gpu
                        else HostCache(self._session, self._graph, outputs))
 
+    def placement(self) -> dict:
+        """Where the model runs: onnxruntime's provider (after any fallback)."""
+        short = {v: k for k, v in PROVIDERS.items()}
+        return {"runtime": "onnxruntime", "device": short.get(self.provider, self.provider)}
+
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         n = len(tokens)
         check_forward(self, n, n_logits, MAX_OUTPUTS)

@@ -173,6 +173,9 @@ class SubsetDraft:
         """The draft's input embeddings of tokens: [T, E] float32."""
         return self._dequantize(self._embd_rows[np.asarray(tokens, dtype=np.int64)], self._embd_type)
 
+    def placement(self) -> dict:
+        return {"runtime": "llama.cpp", "device": "cpu"}  # vector input runs on the CPU
+
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         check_forward(self, len(tokens), n_logits, MAX_OUTPUTS)
         out = np.full((n_logits, self.vocab.n_vocab), -np.inf, dtype=np.float32)  # [n_logits, V]
