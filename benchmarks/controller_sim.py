@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256, help="per answer")
     parser.add_argument("--jitter", type=float, default=0.0, help="sigma of a lognormal factor on every pass")
     parser.add_argument("--prior", type=float, help="a draft model's acceptance prior (default: the cell's)")
+    parser.add_argument("--burst", type=float, default=0.0,
+                        help="prompt lookup right in runs: 0 independent, towards 1 longer runs (copy_script)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     options = {"answers": args.answers, "n_new": args.tokens, "jitter": args.jitter, "seed": args.seed,
-               "prior": args.prior}
+               "prior": args.prior, "burst": args.burst}
     rows = [cell(DEVICES[d], draft, alpha, **options) for d in args.device or DEVICES
             for draft in args.draft or DRAFTS for alpha in args.alpha or ALPHAS]
     if args.json:

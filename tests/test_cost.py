@@ -1,4 +1,5 @@
 import itertools
+import random
 
 import pytest
 
@@ -28,8 +29,9 @@ def costs(per_extra_token):
 
 def controller_with(alpha, per_extra_token, draft_cost=0.0, rounds=200):
     c = DraftController(costs(per_extra_token), draft_cost, k_max=8)
-    for _ in range(rounds):  # feed rounds of 4 drafts with the given acceptance pattern
-        n_acc = 4 if alpha == 1 else round(alpha * 4)
+    rng = random.Random(0)
+    for _ in range(rounds):  # feed rounds of 4 drafts, each kept with probability alpha once those before it were
+        n_acc = next((i for i in range(4) if rng.random() >= alpha), 4)
         c.observe(4, n_acc, 4 * draft_cost, c.target_costs[5])
     return c
 
@@ -100,12 +102,12 @@ def test_no_probe_where_reading_the_skipped_text_costs_more_than_a_share_of_a_ta
 def test_drafting_resumes_after_idle_rounds_only_where_it_repays_reading_them():
     c = controller_with(0.0, 0.1, draft_cost=0.01)  # declined: nothing is accepted
     c.read_cost = 1.0  # a target step per token skipped
-    for _ in range(100):
+    for _ in range(1000):
         assert c.choose() == 0
     for _ in range(30):  # the text turns easy, as a free scorer might tell
         c.observe_shadow(1.0)
     k = c.best_k()
-    assert k > 0 and c.read_cost * 100 > REPAY_ROUNDS * c.saving(k)  # too many tokens skipped to repay soon
+    assert k > 0 and c.read_cost * 1000 > REPAY_ROUNDS * c.saving(k)  # too many tokens skipped to repay soon
     assert c.choose() == 0
     c.read_cost = 0.0
     assert c.choose() == k
@@ -198,3 +200,29 @@ def test_the_gate_reads_acceptance_per_confidence_and_learns_it_from_verified_ch
     assert c.bin_accepted[9] == pytest.approx(BIN_DECAY * before[0][9] + 1)
     assert c.bin_rejected[9] == pytest.approx(BIN_DECAY * before[1][9])
     assert (c.bin_accepted[0], c.bin_rejected[0]) == (before[0][0], before[1][0])  # nothing said of it
+
+
+def test_with_no_runs_in_the_evidence_a_round_expects_eq_1():
+    """Guesses kept and rejected independently leave the acceptance after a kept guess and after a rejected one at
+    alpha: a round of k expects (1 - alpha^(k+1)) / (1 - alpha) tokens, as before runs were counted."""
+    c = DraftController(costs(0.1), 0.0, k_max=8)
+    assert [c.expected(k) for k in range(9)] == pytest.approx([expected_tokens(c.alpha, k) for k in range(9)])
+    for kept in itertools.islice(itertools.cycle([1, 0, 1, 1, 0, 0]), 600):  # kept after kept as often as not
+        c.observe_shadow(float(kept))
+    assert c.expected(4) == pytest.approx(expected_tokens(c.alpha, 4), rel=0.05)
+
+
+def test_guesses_right_in_runs_draft_after_a_kept_guess_and_stop_after_a_rejected_one():
+    """Text that repeats itself makes prompt lookup right in runs (a shadow score of 1 after 1, 0 after 0) at one
+    guess in five overall: independent acceptance of 0.2 would not pay for a round on this cost table, but the
+    acceptance after a kept guess does, and the one after a rejected guess does not."""
+    c = DraftController(costs(0.25), 0.0, k_max=8)
+    for run in itertools.islice(itertools.cycle([[1.0] * 4, [0.0] * 16]), 40):
+        for score in run:
+            c.observe_shadow(score)
+    assert c.alpha == pytest.approx(0.2, abs=0.05)
+    assert all(expected_tokens(c.alpha, k) / c.verify_cost(k + 1) < 1 / c.verify_cost(1) for k in range(1, 9))
+    c.observe_shadow(1.0)
+    assert c.choose() >= 2  # inside a run: draft
+    c.observe(c.choose(), 0, 0.0, c.verify_cost(2))  # the run ended at the first draft
+    assert c.choose() == 0

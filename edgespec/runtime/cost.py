@@ -4,7 +4,10 @@ Per round with k draft tokens, each accepted independently with probability alph
 number of tokens emitted is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1), and the
 round costs k draft steps plus one target pass over k+1 tokens. The controller picks the k in
 [0, k_max] with the most expected tokens per second; k = 0 is plain target decoding. Costs start from
-a calibration at load and follow what every round measures; alpha is a decayed running estimate. A draft model
+a calibration at load and follow what every round measures; alpha is a decayed running estimate. Guesses come
+right in runs where text repeats itself (prompt lookup most of all), so the round's first draft is kept with the
+acceptance measured after guesses like the last one judged (kept or not), and each further one with the acceptance
+measured after a kept guess; with independent acceptance both are alpha and this is eq. 1. A draft model
 that sat rounds out reads the text it skipped before it drafts again, at `read_cost` a token (measured at load):
 the controller weighs that reading before it resumes drafting, probes, or has a prompt read at prefill.
 
@@ -35,6 +38,7 @@ REPAY_ROUNDS = 64  # drafting resumes after idle rounds only if it repays the dr
 CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draft's confidence
 BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
 BIN_DECAY = 0.99  # per token observed in a bin
+STREAK_PRIOR = 4.0  # pseudo-tokens behind the acceptance after a kept or a rejected guess, at alpha
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -116,10 +120,33 @@ class DraftController:
     _probe_every: int = field(default=PROBE_EVERY, repr=False)
     _probing: bool = field(default=False, repr=False)  # the last choice was a probe
     _unread: int = field(default=0, repr=False)  # rounds since the draft last drafted: tokens it has not read
+    # decayed [kept, judged] counts of guesses judged right after a kept guess and right after a rejected one (a
+    # shadow score counts as a guess), and whether the last one judged was kept
+    after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    _last_kept: bool = field(default=True, repr=False)
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
+
+    def _after(self, counts: list[float]) -> float:
+        return (counts[0] + STREAK_PRIOR * self.alpha) / (counts[1] + STREAK_PRIOR)
+
+    def expected(self, k: int) -> float:
+        """Tokens a round of k drafts is expected to emit: its first draft kept with the acceptance that follows
+        guesses like the last one judged, each further one with the acceptance that follows a kept guess."""
+        if k == 0:
+            return 1.0
+        first = self._after(self.after_kept if self._last_kept else self.after_rejected)
+        return 1.0 + first * expected_tokens(self._after(self.after_kept), k - 1)
+
+    def _judged(self, kept: float) -> None:
+        """One guess judged (kept: 1, rejected: 0, a shadow score: the target's chance of keeping it)."""
+        counts = self.after_kept if self._last_kept else self.after_rejected
+        counts[0] = DECAY * counts[0] + kept
+        counts[1] = DECAY * counts[1] + 1.0
+        self._last_kept = kept >= 0.5
 
     def verify_cost(self, n: int) -> float:
         """Seconds for a verify pass over n tokens (more than were measured: the widest known, scaled)."""
@@ -157,7 +184,7 @@ class DraftController:
 
     def predicted_rate(self, k: int) -> float:
         """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
-        return expected_tokens(self.alpha, k) / (k * self.draft_cost + self.pass_cost(k))
+        return self.expected(k) / (k * self.draft_cost + self.pass_cost(k))
 
     def could_pay(self) -> bool:
         """Would some draft length beat target-only decoding if every draft were accepted? If not, the
@@ -167,7 +194,7 @@ class DraftController:
 
     def saving(self, k: int) -> float:
         """Seconds a round of k drafts is expected to save over target-only decoding of the tokens it brings."""
-        return expected_tokens(self.alpha, k) * self.target_costs[1] - (k * self.draft_cost + self.pass_cost(k))
+        return self.expected(k) * self.target_costs[1] - (k * self.draft_cost + self.pass_cost(k))
 
     def best_k(self) -> int:
         """The draft length with the most expected tokens per second, as acceptance and costs stand."""
@@ -217,6 +244,7 @@ class DraftController:
         probability of accepting it is known from the row already computed."""
         self.accepted = DECAY * self.accepted + p_accept
         self.rejected = DECAY * self.rejected + 1.0 - p_accept
+        self._judged(p_accept)
         self._idle_rounds = 0
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
@@ -230,6 +258,8 @@ class DraftController:
             self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / n_drafted
             self.accepted = DECAY * self.accepted + n_accepted
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
+            for i in range(min(n_accepted + 1, n_drafted)):  # the kept ones and the first rejected
+                self._judged(float(i < n_accepted))
 
 
 def _bin(confidence: float) -> int:

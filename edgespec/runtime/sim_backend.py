@@ -75,7 +75,7 @@ def random_script(n_prompt: int, n_new: int, n_vocab: int, rng: np.random.Genera
     return rng.integers(1, n_vocab, n_prompt + n_new).tolist()
 
 
-def copy_script(n_new: int, alpha: float, rng: np.random.Generator) -> tuple[list[int], int]:
+def copy_script(n_new: int, alpha: float, rng: np.random.Generator, burst: float = 0.0) -> tuple[list[int], int]:
     """A prompt and n_new tokens after it, on which prompt lookup's tokens are right with probability alpha each.
 
     The prompt is 2 * n_new + 2 distinct tokens in a random order, then its first token again. The text copies
@@ -83,10 +83,13 @@ def copy_script(n_new: int, alpha: float, rng: np.random.Generator) -> tuple[lis
     only moves forward, so every n-gram ending at the text's last token occurred earlier in the prompt alone,
     and lookup proposes the tokens after it there: the first is right with probability alpha, and each next one
     with probability alpha once those before it were. Returns (prompt + text, prompt length); ids are
-    1..2 * n_new + 2 (0 is EOS)."""
+    1..2 * n_new + 2 (0 is EOS). burst in [0, 1): lookup is right in runs, as where text repeats itself: whether
+    a token is right depends on the last (a Markov chain that keeps acceptance alpha on average, the chance of
+    staying right or wrong raised by burst of the way to 1); 0 is independent."""
     source = (rng.permutation(2 * n_new + 2) + 1).tolist()
-    at, text = 0, []
-    for right in rng.random(n_new) < alpha:
+    at, text, right = 0, [], rng.random() < alpha
+    for u in rng.random(n_new):
+        right = u < (alpha + burst * (1 - alpha) if right else alpha * (1 - burst))
         at += 1 if right else 2
         text.append(source[at])
     return [*source, source[0], *text], len(source) + 1
@@ -201,7 +204,7 @@ class Outcome:
 
 def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None = None, answers: int = 4,
              n_new: int = 256, k_max: int = 8, seed: int = 0, jitter: float = 0.0,
-             prior: float | None = None) -> Outcome:
+             prior: float | None = None, burst: float = 0.0) -> Outcome:
     """Greedy answers of n_new tokens through the loop on `device`, drafted by `draft` (one of DRAFTS) at
     acceptance alpha. draft_max: 0 target-only, k a fixed draft length, None the controller's choice. One
     controller serves every answer, built as api.load builds it: pass costs measured on the device (by the
@@ -210,7 +213,8 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
     and draft picks depend on (seed, answer) only, so runs that differ in draft_max see the same ones. Time
     counts after the target's prefill: decoding, and a draft model reading the prompt (at prefill where the
     controller drafts from the start, before its first drafting round where not). jitter: the sigma of a
-    lognormal factor of mean 1 on every model pass (head steps excepted)."""
+    lognormal factor of mean 1 on every model pass (head steps excepted). burst: prompt lookup right in runs
+    (copy_script)."""
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
     clock = VirtualClock()
@@ -241,7 +245,7 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
         rng = np.random.default_rng([seed, answer])
         n_vocab = 2 * n_new + 3
         if draft == "lookup":
-            script, n_prompt = copy_script(n_new, alpha, rng)
+            script, n_prompt = copy_script(n_new, alpha, rng, burst)
         else:
             script, n_prompt = random_script(PROMPT, n_new, n_vocab, rng), PROMPT
         picks = draft_picks(script, n_prompt, alpha, n_vocab, rng)
