@@ -6,8 +6,8 @@
 # beside a breakdown of a token's time (benchmarks/decode_overhead.py), edgespec target-only and llama-cpp-python's
 # generate; then, on the last target, where models load without being told (GPU by default), the pass costs the
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
-# MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; LOOP=0 skips the rows-only loop
-# benchmark. Results under $OUT.
+# MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
+# generate, LOOP=0 the rows-only loop benchmark. Results under $OUT, in one archive.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -37,6 +37,7 @@ for spec in ${MODELS:-"1.5b 152064"}; do
   log "where a token's time goes: bare decode, edgespec's backend, its loop"
   timeout 150 python3 benchmarks/decode_overhead.py --model "$model" --gpu-layers 99 --threads 8 --tokens 128 \
     --reps 3 --json >"$OUT/decode-$shape-$vocab.json" 2>>"$OUT/log.txt"
+  [ "${VS:-1}" = 1 ] || continue
   log "edgespec target-only and llama-cpp-python generate, interleaved"
   timeout 240 python3 benchmarks/vs_llama_cpp_python.py --model "$model" --gpu-layers 99 --threads 8 --flash-attn off \
     --prompts 4 --max-tokens 128 --reps 2 --json >"$OUT/vs-$shape-$vocab.json" 2>>"$OUT/log.txt"
@@ -75,6 +76,10 @@ for d in "$draft" ngram; do
   timeout 240 python3 /tmp/edgespec-cli.py bench -m "$model" --draft "$d" --prompts /tmp/gpu-prompts.jsonl -n 96 --json \
     >"$OUT/bench-$name.json" 2>>"$OUT/log.txt"
 done
+log "each round of prompt lookup left to the controller"
+timeout 120 python3 benchmarks/controller_trace.py --target "$model" --draft ngram --json \
+  --prompt "Explain how vaccines train the immune system." --prompt "Write a short story about a lighthouse keeper." \
+  >"$OUT/trace-ngram.json" 2>>"$OUT/log.txt"
 rm -f "$model" "$draft"
 if [ "${LOOP:-1}" = 1 ]; then
   log "the loop over rows only, on this machine's CPU"

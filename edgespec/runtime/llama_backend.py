@@ -223,8 +223,11 @@ class LlamaBackend(LlamaHandles):
             chunk = tokens[start:start + self.n_batch]
             first_out = n - n_logits - start  # index in this chunk of the first position with logits
             try:
-                self._decode([(tok, len(self.tokens) + j, 0, j >= first_out or with_hidden)
-                              for j, tok in enumerate(chunk)])
+                if first_out == len(chunk) - 1 and not with_hidden:  # the last row alone: a decoding step
+                    self._decode_step(chunk)
+                else:
+                    self._decode([(tok, len(self.tokens) + j, 0, j >= first_out or with_hidden)
+                                  for j, tok in enumerate(chunk)])
             except EdgespecError:
                 self.rollback(len(self.tokens))  # drop whatever part of the chunk got in
                 raise
@@ -266,7 +269,7 @@ class LlamaBackend(LlamaHandles):
                 or len(tokens) > self.n_batch or len(self.tokens) + len(tokens) > self.n_ctx:
             return False
         try:
-            self._decode([(tok, len(self.tokens) + j, 0, j == len(tokens) - 1) for j, tok in enumerate(tokens)])
+            self._decode_step(tokens)
         except EdgespecError:
             self.rollback(len(self.tokens))
             raise
@@ -467,6 +470,15 @@ class LlamaBackend(LlamaHandles):
         rc = _lib().llama_decode(self._ctx, b)
         if rc != 0:
             raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(rows)} rows)")
+
+    def _decode_step(self, tokens: Sequence[int]) -> None:
+        """One llama_decode of tokens after the cache on sequence 0, the last one's logits out: llama.cpp's own
+        batch of one sequence (positions from the cache), what llama-bench and llama-server decode with."""
+        lib = _lib()
+        ids = (ctypes.c_int32 * len(tokens))(*tokens)
+        rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(ids, len(tokens)))
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(tokens)} rows)")
 
     def rollback(self, n_past: int) -> None:
         if n_past < 0 or n_past > len(self.tokens):
