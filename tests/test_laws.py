@@ -83,6 +83,7 @@ def test_top_p_brackets_its_cut_when_the_sample_misleads_it(monkeypatch):
     rng = np.random.default_rng(1)
     monkeypatch.setattr(laws, "SAMPLE", 8)
     monkeypatch.setattr(laws, "_peaked_nucleus", lambda *args: None)  # the general search, on every row
+    monkeypatch.setattr(laws, "_banded", lambda *args: False)  # ... past the band estimated from the sample
     for band in (16, 256, 10**9):
         monkeypatch.setattr(laws, "BAND", band)
         for kind in ("flat", "spread", "peaked"):
@@ -90,6 +91,24 @@ def test_top_p_brackets_its_cut_when_the_sample_misleads_it(monkeypatch):
                 row = rows(rng, 3000, kind)
                 params = SamplingParams(0.8, top_p=top_p)
                 np.testing.assert_array_equal(dense_of(laws.law(row, params), 3000) > 0, to_probs(row, params) > 0)
+
+
+@pytest.mark.parametrize("n_vocab", [32000, 152064])
+def test_top_p_deep_in_a_flat_row_sorts_one_band_and_keeps_the_reference_set(monkeypatch, n_vocab):
+    """A random-weight model's flat rows keep most of the vocabulary: the cut is found in one band around the
+    sample's estimate, and the kept set is the reference's, ties at the cut included (logits on a coarse grid)."""
+    rng = np.random.default_rng(5)
+    taken = []
+    banded = laws._banded
+    monkeypatch.setattr(laws, "_banded", lambda *args: taken.append(banded(*args)) or taken[-1])
+    for scale, grid in ((0.5, 0.0), (1.0, 0.0), (2.0, 0.0), (1.0, 1 / 64)):
+        row = rng.standard_normal(n_vocab).astype(np.float32) * scale
+        if grid:
+            row = np.round(row / grid).astype(np.float32) * grid  # many logits tie, at the cut too
+        for top_p in (0.5, 0.9, 0.95, 0.99):
+            params = SamplingParams(0.7, top_p=top_p)
+            np.testing.assert_array_equal(dense_of(laws.law(row, params), n_vocab) > 0, to_probs(row, params) > 0)
+    assert sum(taken) >= 0.75 * len(taken)  # the band held the cut on most rows
 
 
 def test_top_p_leaves_a_row_it_cannot_bound_to_the_general_search():

@@ -30,6 +30,7 @@ BLOCK = 1024  # ids per block of a draw: a cumsum over one block, not over the v
 SMALL = 4096  # supports up to this many ids are drawn from with one cumsum
 SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the row)
 BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
+BAND_SIGMAS = 5.0  # a flat row's band around top-p's cut estimated from the sample: this many sampling noises
 UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
 OVERFLOW = 88.0  # exp of more is above float32's largest
 DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
@@ -212,7 +213,7 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
     else:
         np.exp(w, out=w)
     if params.top_p < 1.0:
-        kept = _nucleus(row, w, shift, t, params.top_p * float(block_sums(w).sum()))
+        kept = _nucleus(row, w, shift, t, params.top_p, float(block_sums(w).sum()))
         if kept is not None:
             ids, weights = kept
             if params.min_p > 0.0:
@@ -237,6 +238,9 @@ def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
     weights are all the law needs (top-p renormalises over what it keeps)."""
     n = len(row)
     depth = temperature * (np.log(n) + DEPTH)
+    stride = max(1, n // SAMPLE)
+    if np.count_nonzero(row[::stride] >= top - depth) * stride > 4 * SMALL:  # plainly not peaked: not even a pass
+        return None
     near = row >= top - depth
     if np.count_nonzero(near) > SMALL:  # not peaked enough: a count is cheaper than the ids
         return None
@@ -253,20 +257,26 @@ def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
 
 
 def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
-             mass: float) -> tuple[np.ndarray, np.ndarray] | None:
+             top_p: float, total: float) -> tuple[np.ndarray, np.ndarray] | None:
     """Top-p: keep the smallest prefix of the ids ordered by logit (largest first, ties by id) whose weight
-    reaches `mass` (w = exp((row - shift) / temperature)). Returns (ascending ids, their weights) where the
-    prefix is short; otherwise zeroes the rest of w [V] in place and returns None.
+    reaches mass = top_p * total (w = exp((row - shift) / temperature), total its sum). Returns (ascending ids,
+    their weights) where the prefix is short; otherwise zeroes the rest of w [V] in place and returns None.
 
     A sorted strided sample of the row estimates where the prefix ends. Where the logits at or above the
     sample's HEAD-th largest carry `mass`, the cut is among them (a peaked row, the common case of a trained
-    model). Otherwise exact probes (the weight above a sampled logit, one pass over the row each) bracket the
-    cut, and only the logits inside the bracket are sorted (measured at 152k: one probe and a band of ~9k
-    logits). Every bracket is checked against the exact weights; the last resort is the whole row."""
+    model). Where it lies deep, one band around the sample's estimate usually holds it (_banded). Otherwise
+    exact probes (the weight above a sampled logit, one pass over the row each) bracket the cut, and only the
+    logits inside the bracket are sorted. Every bracket is checked against the exact weights; the last resort is
+    the whole row."""
+    mass = top_p * total
     stride = max(1, len(row) // SAMPLE)
     sampled = np.sort(row[::stride])[::-1]  # [n], largest first
     n = len(sampled)
     h = min(HEAD, n - 1)
+    sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
+    walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
+    if walked[h + 1] < top_p * walked[-1] / 2 and _banded(row, w, sampled, walked, mass, total, shift, temperature):
+        return None  # the sample put the cut deep, and one band around its estimate held it
     head = np.flatnonzero(row >= sampled[h])
     if len(head) <= SMALL:
         head_w = w[head]
@@ -275,8 +285,6 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
             cumulative = np.cumsum(head_w[order], dtype=np.float64)
             kept = np.sort(order[:int(np.searchsorted(cumulative, mass, side="left")) + 1])
             return head[kept], head_w[kept]
-    sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
-    walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
 
     def above(j: int) -> float:  # exact weight strictly above sampled[j]
         return float((w * (row > sampled[j])).sum())  # pairwise in w's type: the cut needs its precision
@@ -319,6 +327,45 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
         keep = cut_at + 1 - int(np.searchsorted(-values, -cut, side="left"))
         w[np.flatnonzero(row == cut)[keep:]] = 0
     return None
+
+
+def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndarray, mass: float, total: float,
+            shift: float, temperature: float) -> bool:
+    """Top-p's cut deep in the row (a flat row keeps most of its vocabulary), bracketed once from the sample: the
+    sample's walk says at which of its ranks `mass` (of `total`) is reached, BAND_SIGMAS sampling noises either side
+    of it bound a band of logits, the exact weight above the band says whether the cut lies in it, and only the
+    band's logits are sorted. Zeroes w [V] outside the kept prefix and returns True; False (w untouched) where the
+    cut is not in the band or the band is wide."""
+    n = len(sampled)
+    rank = int(np.searchsorted(walked, mass / total * walked[-1], side="left")) - 1  # the sample's cut, estimated
+    p = min(max(rank / n, 1.0 / n), 1.0 - 1.0 / n)
+    margin = int(BAND_SIGMAS * np.sqrt(n * p * (1 - p))) + 2
+    if rank - margin < 0:  # the cut is near the top: the head and the probes find it
+        return False
+    hi = sampled[rank - margin]
+    kept_above = np.multiply(w, row > hi)  # [V]
+    above = float(block_sums(kept_above).sum())
+    if above >= mass:
+        return False
+    inside = row <= hi
+    if rank + margin < n:
+        inside &= row >= sampled[rank + margin]
+    band = np.flatnonzero(inside)  # [m], ascending
+    if len(band) > 4 * BAND:
+        return False
+    band_values, band_w = row[band], w[band]  # [m]
+    values = np.sort(band_values)[::-1]  # [m], largest first
+    cumulative = above + np.cumsum(np.exp((values.astype(np.float64) - shift) / temperature))
+    if cumulative[-1] < mass:
+        return False
+    cut_at = int(np.searchsorted(cumulative, mass, side="left"))
+    cut = values[cut_at]
+    keep = np.flatnonzero(band_values > cut)
+    ties = cut_at + 1 - len(keep)  # logits equal to the cut's that the prefix takes: the lowest ids, as the reference
+    keep = np.concatenate([keep, np.flatnonzero(band_values == cut)[:ties]])
+    np.copyto(w, kept_above)
+    w[band[keep]] = band_w[keep]
+    return True
 
 
 class Rows:
