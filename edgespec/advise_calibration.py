@@ -15,14 +15,13 @@ import click
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import sync
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter, catch_up
+from edgespec.runtime.backend import forward_rows, sync
+from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.laws import dense
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
 GREEDY = SamplingParams()
 RAW = SamplingParams(temperature=1.0)  # the model's own distribution, for KL, entropy and calibration
-TF_ROWS = 16  # rows of logits per teacher-forced pass: within every backend's output cap
 STATS = ("accept", "accept_t0", "top1", "tv", "kl_target_draft", "kl_draft_target", "entropy_target",
          "entropy_draft", "confidence")
 
@@ -117,7 +116,7 @@ def teacher_forced(backend, prompt: list[int], answer: list[int]) -> np.ndarray:
     """A model's rows of logits [n, V] along prompt + answer: row i is its guess at answer[i]."""
     sync(backend, prompt[:-1], 0)
     feed = [prompt[-1], *answer[:-1]]
-    rows = [backend.forward(feed[s:s + TF_ROWS], len(feed[s:s + TF_ROWS])) for s in range(0, len(feed), TF_ROWS)]
+    rows = list(forward_rows(backend, feed))
     backend.rollback(0)
     return np.concatenate(rows).astype(np.float32)
 
@@ -189,13 +188,12 @@ def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: 
     else:
         q_raw = None if isinstance(drafter, PromptLookupDrafter) else np.zeros_like(p_raw)
         guess = np.full(n, -1)
-        if hasattr(drafter, "reset"):
-            drafter.reset()
+        drafter.reset()
         for i in range(n):
             context = [*prompt, *answer[:i]]
-            if i > 0 and hasattr(drafter, "observe_target"):  # the row that produced answer[i-1], at its place
+            if i > 0 and hidden is not None:  # the row that produced answer[i-1], at its place (heads read it)
                 drafter.observe_target(_HiddenRows(hidden[i - 1:i]), 0, len(prompt) + i - 2)
-            catch_up(drafter, context)
+            drafter.catch_up(context)
             for table, rows, settings in ((beta, p, params), (beta_t0, p_t0, GREEDY)):
                 if table is beta_t0 and params.greedy:
                     break

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgespec.advise_calibration import _HiddenRows
 from edgespec.runtime.cost import DraftController
-from edgespec.runtime.drafts import ModelDrafter, catch_up
+from edgespec.runtime.drafts import ModelDrafter
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
 
@@ -83,7 +83,7 @@ def measure_draft_round(drafter, context: list[int], k: int, params: SamplingPar
         if isinstance(drafter, ModelDrafter):
             backend = drafter.backend
             backend.rollback(min(len(backend.tokens), max(len(drafter.visible(context)) - lag, 0)))
-        catch_up(drafter, context)
+        drafter.catch_up(context)
         drafter.propose(context, k, params, rng)
 
     one_round()  # warm-up: a draft model reads the whole context once
@@ -147,17 +147,15 @@ def measured_costs(engine, drafter, context: list[int], hidden_row: np.ndarray |
                    row_cost: float, params: SamplingParams, k_max: int) -> Costs:
     """Costs measured on this device: the target's (measured once for every draft) and this drafter's rounds at
     the user's sampling settings, after `context` (heads: from the target's state hidden_row at its end)."""
-    if hasattr(drafter, "reset"):
-        drafter.reset()
-    if hidden_row is not None and hasattr(drafter, "observe_target"):
+    drafter.reset()
+    if hidden_row is not None:
         drafter.observe_target(_HiddenRows(hidden_row[None]), 0, len(context) - 2)
     one, most = (measure_draft_round(drafter, context, k, params) for k in (1, k_max))
     per_token = max((most - one) / (k_max - 1), 0.0) if k_max > 1 else one
     all_accepted = 0.0
     if isinstance(drafter, ModelDrafter):
         all_accepted = max(measure_draft_round(drafter, context, 1, params, lag=2) - one, 0.0)
-    if hasattr(drafter, "reset"):
-        drafter.reset()
+    drafter.reset()
     if isinstance(drafter, ModelDrafter):
         drafter.backend.rollback(0)
     return Costs(dict(target_costs), max(one - per_token, 0.0), per_token, row_cost, "measured on this device",

@@ -54,7 +54,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
                                   "lookup_drafted": 0, "lookup_accepted": 0})
     modes = {"base": 0, "spec": draft_max}
     engines = {"base": baseline or engine, "spec": engine}
-    aware = getattr(engine.drafter, "grammar_aware", False)
+    aware = engine.drafter.grammar_aware
     if aware and not grammar_drafts:
         engine.drafter.grammar_aware = False  # this engine's drafter, for this bench
     bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
@@ -115,7 +115,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "identical_outputs": t["same"],
         }
     overall = categories.pop("overall")
-    gated = getattr(engine.drafter, "gated", False)  # drafts chains under a DraftGate unless engine.gate is off
+    gated = engine.drafter.gated  # drafts chains under a DraftGate unless engine.gate is off
     return {
         "target": engine.target.name,
         "placement": engine.placement(),

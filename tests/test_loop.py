@@ -12,7 +12,7 @@ from test_verify import target_instead_of_residual
 from edgespec.errors import EdgespecError
 from edgespec.runtime import laws as laws_module
 from edgespec.runtime.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
-from edgespec.runtime.drafts import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
+from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
 
@@ -408,11 +408,11 @@ def test_decode_time_is_live_while_streaming():
     assert all(t > 0 for t in seen) and seen == sorted(seen) and stats.decode_s >= seen[-1]
 
 
-class MarkovTreeDrafter:
+class MarkovTreeDrafter(Drafter):
     """Drafts trees from a Markov table (a head's stand-in): the candidates at a node come from the table's row
     for the node's token, drawn as sampling.candidates draws them."""
 
-    name = "markov-tree"
+    name, trees = "markov-tree", True
 
     def __init__(self, table):
         self.table = np.asarray(table, dtype=np.float64)

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Backend
+from edgespec.runtime.backend import Backend, forward_rows
 
 PARITY_PROMPTS = [
     "The capital of France is",
@@ -113,7 +113,7 @@ class BackendModel:
 
     def logits(self, ids):
         self.backend.rollback(0)
-        rows = [self.backend.forward(ids[i:i + 16], len(ids[i:i + 16])) for i in range(0, len(ids), 16)]
+        rows = list(forward_rows(self.backend, ids))
         self.backend.rollback(0)
         return np.concatenate(rows)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import MAX_OUTPUTS, check_compatible
+from edgespec.runtime.backend import MAX_OUTPUTS, check_compatible, forward_rows
 
 MANIFEST = "corpus.json"
 VERSION = 1
@@ -253,9 +253,8 @@ def teacher_forced(backend, seq: list[int], n_prompt: int, top_k: int):
         backend.forward(seq[:n_prompt - 1], 0)
     ids, logits, lses, hiddens = [], [], [], []
     rest = seq[n_prompt - 1:-1]
-    for start in range(0, len(rest), MAX_OUTPUTS):  # as many rows as a forward may return
-        chunk = rest[start:start + MAX_OUTPUTS]
-        rows = backend.forward(chunk, len(chunk)).astype(np.float64)  # [T, V]
+    for rows in forward_rows(backend, rest):
+        rows = rows.astype(np.float64)  # [T, V]
         top = np.argpartition(-rows, top_k - 1, axis=1)[:, :top_k]  # [T, K], unordered
         top_rows = np.take_along_axis(rows, top, axis=1)
         order = np.argsort(-top_rows, axis=1)

@@ -9,7 +9,7 @@ to its first n tokens. Third-party runtimes are imported only in their adapter m
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -111,6 +111,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         return 0
     diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
     return int(diff[0]) if len(diff) else n
+
+
+def forward_rows(backend: Backend, tokens: Sequence[int]) -> Iterator[np.ndarray]:
+    """Feed `tokens` after the cache with every row of logits out (row i: the guess at the token after tokens[i]),
+    MAX_OUTPUTS tokens a pass, which every backend's output cap allows: yields rows [<=MAX_OUTPUTS, V] per pass.
+    What teacher-forced passes (agreement, calibration, parity, corpora) are made of."""
+    for start in range(0, len(tokens), MAX_OUTPUTS):
+        chunk = tokens[start:start + MAX_OUTPUTS]
+        yield backend.forward(chunk, len(chunk))
 
 
 def sync(backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:

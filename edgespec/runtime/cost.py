@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from edgespec.runtime.backend import MAX_OUTPUTS, Backend
+from edgespec.runtime.backend import MAX_OUTPUTS, Backend, forward_rows
 
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
@@ -57,10 +57,8 @@ def agreement(target: Backend, draft: Backend, tokens: list[int]) -> float:
     tokens = tokens[:min(target.n_ctx, draft.n_ctx)]
     for backend in (target, draft):
         backend.rollback(0)
-    for start in range(0, len(tokens), 16):  # 16 rows a pass: within every backend's output cap
-        chunk = tokens[start:start + 16]
-        target_picks, draft_picks = (b.forward(chunk, len(chunk)).argmax(axis=1) for b in (target, draft))
-        agree += int((target_picks == draft_picks).sum())
+    for target_rows, draft_rows in zip(forward_rows(target, tokens), forward_rows(draft, tokens), strict=True):
+        agree += int((target_rows.argmax(axis=1) == draft_rows.argmax(axis=1)).sum())
     for backend in (target, draft):
         backend.rollback(0)
     n = len(tokens)

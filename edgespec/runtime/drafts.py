@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -23,13 +22,48 @@ from edgespec.runtime.sampling import SamplingParams, candidates, to_probs
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
 
-class Drafter(Protocol):
-    name: str
+class Drafter:
+    """What the loop asks of a drafter, every optional ability declared here with what a drafter without it does,
+    so that the loop never asks whether a drafter has one:
+    - propose (each drafter's own): up to k tokens continuing `context`, and their laws (the module docstring);
+    - propose_tree, where `trees`: candidates per depth as a DraftTree, verified in one pass (heads);
+    - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
+    - observe_target, after each verify pass: the target's state that produced the committed token (heads);
+    - lookup_length: the next round's length where prompt lookup runs in front of it (LookupFirstDrafter).
+    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft), gated
+    (knows how sure it is: drafts under the controller's DraftGate), grammar_aware (drafts under a grammar's mask:
+    propose takes constraint=), last_free (its last proposal was prompt lookup's, taught to lookup_controller)."""
 
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], list[Law] | np.ndarray | None]:
+    name = "draft"
+    free = False
+    gated = False
+    grammar_aware = False
+    trees = False
+    last_free = False
+    lookup_controller: DraftController | None = None
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                **options) -> tuple[list[int], list[Law] | np.ndarray | None]:
         """Up to k tokens continuing `context`, and the laws they were drawn from (see the module docstring)."""
-        ...
+        raise NotImplementedError
+
+    def propose_tree(self, context: list[int], k: int, width: int, params: SamplingParams,
+                     rng: np.random.Generator) -> DraftTree:
+        raise NotImplementedError(f"{self.name} drafts chains, not trees")
+
+    def reset(self) -> None:
+        """Before a generation (another text)."""
+
+    def catch_up(self, context: list[int]) -> None:
+        """Read `context[:-1]` before proposing, so that proposing costs k steps and not the tokens missed while the
+        loop did not draft."""
+
+    def observe_target(self, target: Backend, n_accepted: int, position: int) -> None:
+        """After a verify pass: the target's state at `position` produced the committed token (heads read it)."""
+
+    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
+        """The next round's length, given the loop's choice k."""
+        return k
 
 
 @dataclass(frozen=True)
@@ -106,23 +140,7 @@ LOOKUP_FIRST_MIN_NGRAM = 3
 CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in its proposal's first pass
 
 
-def catch_up(drafter: Drafter, context: list[int]) -> None:
-    """Let a drafter with its own cache process `context[:-1]` before it proposes, so that the cost of
-    proposing is k steps and not the tokens it missed while the loop did not draft.
-
-    A draft model that lags by at most CATCH_UP_LAG tokens (after any drafting round: the target's token,
-    and the last draft when all were accepted) is left as it is: its proposal reads them in one pass with
-    the token it must score, cheaper than two passes (measured here, SmolLM2 Q4_0: 11.5 ms for 2 tokens and
-    a row of logits against 7.9 + 10.1 ms)."""
-    if isinstance(drafter, ModelDrafter):
-        seen = drafter.visible(context)
-        if len(seen) - common_prefix(drafter.backend.tokens, seen) > CATCH_UP_LAG:
-            sync(drafter.backend, seen[:-1], 0)
-    elif hasattr(drafter, "catch_up"):  # e.g. an EAGLE head's own cache
-        drafter.catch_up(context)
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache.
 
     Its context may be shorter than the target's: it then reads a window of recent tokens. The window
@@ -149,6 +167,15 @@ class ModelDrafter:
         return context[self._start:]
 
     grammar_aware = True  # proposes from its distribution masked by a constraint, when given one
+
+    def catch_up(self, context: list[int]) -> None:
+        """A draft model that lags by at most CATCH_UP_LAG tokens (after any drafting round: the target's token, and
+        the last draft when all were accepted) is left as it is: its proposal reads them in one pass with the token
+        it must score, cheaper than two passes (measured here, SmolLM2 Q4_0: 11.5 ms for 2 tokens and a row of
+        logits against 7.9 + 10.1 ms)."""
+        seen = self.visible(context)
+        if len(seen) - common_prefix(self.backend.tokens, seen) > CATCH_UP_LAG:
+            sync(self.backend, seen[:-1], 0)
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
 
@@ -184,7 +211,7 @@ class ModelDrafter:
         return tokens, laws
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Prompt lookup decoding: find the latest earlier occurrence of the context's last n-gram
     (longest n first) and propose the tokens that followed it. Costs no model call."""
 
@@ -203,7 +230,7 @@ class PromptLookupDrafter:
         self._index.reset()
 
 
-class LookupFirstDrafter:
+class LookupFirstDrafter(Drafter):
     """Prompt lookup where the text repeats itself, another drafter (a draft model or heads) elsewhere.
 
     Where the context's last min_ngram or more tokens occurred before, the tokens that followed them are the
@@ -217,8 +244,7 @@ class LookupFirstDrafter:
         self.inner, self.n_vocab = inner, n_vocab
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.name = f"ngram+{inner.name}"
-        self.gated = getattr(inner, "gated", False)
-        self.grammar_aware = getattr(inner, "grammar_aware", False)
+        self.gated, self.grammar_aware = inner.gated, inner.grammar_aware
         self.last_free = False  # the last proposal came from lookup
         self.lookup_controller: DraftController | None = None  # made from the loop's controller on first use
         self._index = NgramIndex(max_ngram, min_ngram)
@@ -244,7 +270,7 @@ class LookupFirstDrafter:
         """The inner drafter catches up only for a round it drafts: after lookup rounds it reads what it missed
         in one pass, not one pass a round."""
         if not self._lookup(context, 1):
-            catch_up(self.inner, context)
+            self.inner.catch_up(context)
 
     def propose(self, context, k, params, rng, **options):
         """options (constraint, gate) go to the inner drafter; a lookup proposal needs neither."""
@@ -258,12 +284,10 @@ class LookupFirstDrafter:
         """Before a generation (another text)."""
         self._match = (-1, [])
         self._index.reset()
-        if hasattr(self.inner, "reset"):
-            self.inner.reset()
+        self.inner.reset()
 
     def observe_target(self, target, n_accepted: int, position: int) -> None:
-        if hasattr(self.inner, "observe_target"):
-            self.inner.observe_target(target, n_accepted, position)
+        self.inner.observe_target(target, n_accepted, position)
 
 
 def draw(row_law: Law, rng: np.random.Generator) -> int:

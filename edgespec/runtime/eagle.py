@@ -33,6 +33,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS
+from edgespec.runtime.drafts import Drafter
 
 EAGLE_SUFFIX = ".eagle.npz"
 LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
@@ -265,7 +266,7 @@ def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, *, rows_quant
     return held + loading
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Drafts a chain from the EAGLE head; see the module docstring.
 
     runner: "ggml" (llama.cpp, weights in `weight_type`: the fast one) or "numpy" (float32, the reference)."""
@@ -335,6 +336,7 @@ class EagleDrafter:
             self._commit(context[:-1])
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+    trees = True  # proposes candidates per depth too (propose_tree)
 
     def propose(self, context, k, params, rng, gate=None):
         """A chain: the one-wide tree (row i of its laws is token i's)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.drafts import Drafter
 
 HEADS_SUFFIX = ".medusa.npz"
 
@@ -118,7 +119,7 @@ def medusa_states(hidden: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> n
     return hidden + pre / (1.0 + np.exp(-pre))
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Drafts up to n_heads tokens from the target's last hidden state; see the module docstring."""
 
     def __init__(self, path: str | os.PathLike, target, output: np.ndarray | None = None):
@@ -178,6 +179,7 @@ class MedusaDrafter:
                                    self.n_vocab, ids=self.subset, gate=gate)
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+    trees = True  # proposes candidates per depth too (propose_tree)
 
     def propose(self, context, k, params, rng, gate=None):
         """A chain: the one-wide tree (row i of its laws is token i's)."""

@@ -20,7 +20,7 @@ from edgespec.runtime import laws
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, sync
 from edgespec.runtime.constraint import Constraint
 from edgespec.runtime.cost import DraftController
-from edgespec.runtime.drafts import Drafter, catch_up
+from edgespec.runtime.drafts import Drafter
 from edgespec.runtime.sampling import SamplingParams, to_probs
 from edgespec.runtime.text import TextStream
 from edgespec.runtime.verify import verify_tree
@@ -150,22 +150,22 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
     text = TextStream(stop)
-    trees = tree_width > 1 and constraint is None and hasattr(drafter, "propose_tree") and hasattr(
+    trees = tree_width > 1 and constraint is None and drafter is not None and drafter.trees and hasattr(
         target, "forward_tree")
-    gated = gate and draft_max is None and not trees and getattr(drafter, "gated", False)
+    gated = gate and draft_max is None and not trees and drafter is not None and drafter.gated
     # target-only decoding knows each pass's token before it hands the token out: a backend that can start the
     # pass then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn
     start_next = getattr(target, "prefetch", None) if drafter is None else None
     started = False  # the next round's pass is under way
 
     t_start = clock()
-    if hasattr(drafter, "reset"):  # a drafter that follows the target's states starts without one
+    if drafter is not None:  # a drafter that follows the target's states starts without one
         drafter.reset()
     sync(target, committed[:-1], 0)
     # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
     # it only if a probe comes
     if drafter is not None and draft_max != 0 and (draft_max is not None or controller.begin(len(committed))):
-        catch_up(drafter, committed)
+        drafter.catch_up(committed)
     t_decode = clock()
     stats.prefill_s += t_decode - t_start
     decode_base = stats.decode_s
@@ -181,13 +181,12 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 k = controller.choose() if draft_max is None else draft_max
                 if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
                     k = controller.k_max
-                if hasattr(drafter, "lookup_length"):  # prompt lookup in front of the drafter
-                    k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
+                k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
                 k = min(k, room - 1, max_tokens - stats.generated - 1)
 
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
                 t = clock()
-                catch_up(drafter, committed)
+                drafter.catch_up(committed)
                 stats.draft_s += clock() - t
             t0 = clock()
             if trees:  # the tree's nodes must fit the context and one pass
@@ -204,14 +203,14 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 n_pass, k_round = len(drafts) + 1, len(drafts)
                 if round_gate is not None:
                     controller.observe_gate(round_gate, len(drafts), n_acc)
-            if hasattr(drafter, "observe_target"):  # heads read the state that produced the committed token
+            if drafter is not None:  # heads read the state that produced the committed token
                 drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
 
             stats.target_passes += 1
             stats.draft_s += t1 - t0
             stats.target_s += t2 - t1
             stats.draft_lengths[k_round] += 1
-            looked_up = k_round and getattr(drafter, "last_free", False)  # prompt lookup in front of the drafter
+            looked_up = k_round and drafter.last_free  # prompt lookup in front of the drafter
             if k_round:
                 stats.drafted += k_round
                 stats.accepted += n_acc
@@ -223,7 +222,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
                 learner = drafter.lookup_controller if looked_up else controller
                 learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
-                if k == 0 and getattr(drafter, "free", False):
+                if k == 0 and drafter.free:
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
                     if guess:
@@ -266,7 +265,7 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
     time, verify end time)."""
     drafts, draft_probs = [], None
     if k > 0:
-        options = {"constraint": constraint} if constraint and getattr(drafter, "grammar_aware", False) else {}
+        options = {"constraint": constraint} if constraint and drafter.grammar_aware else {}
         if gate is not None:
             options["gate"] = gate
         drafts, draft_probs = drafter.propose(committed, k, params, rng, **options)

@@ -24,7 +24,7 @@ import numpy as np
 
 from edgespec.runtime.backend import MAX_OUTPUTS, Vocab, check_forward
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, measure_pass_costs, measure_read_cost
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter, chain_with_siblings
+from edgespec.runtime.drafts import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings
 from edgespec.runtime.loop import Stats, speculate
 from edgespec.runtime.sampling import SamplingParams
 
@@ -159,7 +159,7 @@ def rows(picks: np.ndarray, n_vocab: int, logit: float) -> np.ndarray:
     return out
 
 
-class SimHeads:
+class SimHeads(Drafter):
     """Heads that draft like the EAGLE head (runtime/eagle.py): the first row comes with the round, each further
     one from a head step the gate asked for, each costing `seconds`; the token at position p is picks[p]."""
 
