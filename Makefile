@@ -1,4 +1,4 @@
-# make install | chat | test | bench | bench-host | pair | qat-draft | qat-draft-all | lint        (see README.md)
+# make install | chat | test | bench | bench-host | bench-peers | pair | qat-draft | qat-draft-all | lint        (see README.md)
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
@@ -23,7 +23,7 @@ export CMAKE_ARGS := $(strip $(if $(findstring GGML_NATIVE,$(CMAKE_ARGS)),,-DGGM
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS) $(GPU)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench bench-pair bench-memory bench-host pair qat-draft qat-draft-all lint clean
+.PHONY: install chat test bench bench-pair bench-memory bench-host bench-peers pair qat-draft qat-draft-all lint clean
 
 install: $(STAMP)
 
@@ -101,6 +101,11 @@ bench-host: install
 	test -f $(RANDOM_152K) || $(PY) -m edgespec.models.random_gguf $(RANDOM_152K) --shape 135m --vocab 152064
 	$(PY) benchmarks/vs_llama_cpp_python.py
 	$(PY) benchmarks/vs_llama_cpp_python.py --model $(RANDOM_152K)
+
+# edgespec against llama-server (plain, with the pair's draft, with prompt lookup) on the reference pair, interleaved;
+# builds llama-server from the vendored llama.cpp on first use (benchmarks/vs_llama_cpp.py)
+bench-peers: pair
+	$(PY) benchmarks/vs_llama_cpp.py --pair $(PAIR)
 
 bench-memory: pair
 	$(PY) benchmarks/memory.py --pair $(PAIR)

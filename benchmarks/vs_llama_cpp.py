@@ -1,0 +1,190 @@
+"""edgespec against llama.cpp's own server on the same GGUF files and prompts, interleaved in one run.
+
+The alternative our users weigh is llama-server itself (plain, or with a draft: what most local apps wrap).
+For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft model
+(`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
+(`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
+draft or prompt lookup). Speeds are decode speeds, prompt processing left out on both sides: llama-server's own
+`timings.predicted_per_second`, edgespec's `Stats.tokens_per_second`. Same chat template (the GGUF's), max
+tokens, temperature (no top-k, top-p or min-p on either side), seed and threads.
+
+llama-server comes from the llama.cpp that the installed llama-cpp-python vendors, built with the project's
+flags into ~/.cache/edgespec/llama-bin/ on first use (about 5 minutes on 2 cores), or from --llama-bin DIR.
+
+usage: python benchmarks/vs_llama_cpp.py [--pair pair.json | --target T.gguf [--draft ngram|D.gguf]] [-t 0 -t 0.7]
+       [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+FLAGS = ("-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF")
+
+
+def llama_bin(given: str | None) -> Path:
+    """A folder holding llama-server: the one given, or one built once from the vendored llama.cpp."""
+    if given:
+        if not (Path(given) / "llama-server").is_file():
+            sys.exit(f"no llama-server in {given}")
+        return Path(given)
+    version = importlib.metadata.version("llama-cpp-python")
+    key = hashlib.sha256(" ".join((version, *FLAGS)).encode()).hexdigest()[:12]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgespec" / "llama-bin"
+    cache = root / f"{version}-{key}"
+    if (cache / "llama-server").is_file():
+        return cache
+    print(f"building llama-server from llama-cpp-python {version}'s llama.cpp into {cache} (about 5 minutes on "
+          "2 cores)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                        f"llama-cpp-python=={version}"], check=True, stdout=subprocess.DEVNULL)
+        with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as sdist:
+            sdist.extractall(tmp, filter="data")
+        source = next(Path(tmp).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+        build = Path(tmp) / "build"
+        subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", *FLAGS], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2), "--target", "llama-server",
+                        "llama-bench"], check=True, stdout=subprocess.DEVNULL)
+        partial = cache.with_name(cache.name + ".partial")
+        partial.mkdir(parents=True, exist_ok=True)
+        for name in ("llama-server", "llama-bench"):
+            (build / "bin" / name).replace(partial / name)
+        partial.rename(cache)  # last, so an interrupted build leaves no cache entry
+    return cache
+
+
+class Server:
+    """A llama-server on a free loopback port, for one configuration."""
+
+    def __init__(self, binary: Path, target: str, threads: int, ctx: int, extra: list[str]):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.process = subprocess.Popen([str(binary), "-m", target, "--port", str(self.port), "-t", str(threads),
+                                         "-tb", str(threads), "-c", str(ctx), "-np", "1", *extra],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.close()
+        sys.exit(f"llama-server {' '.join(extra)} did not start")
+
+    def answer(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[int, float]:
+        """(tokens generated, decode tok/s) for one chat answer."""
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
+                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as r:
+            timings = json.load(r)["timings"]
+        return timings["predicted_n"], timings["predicted_per_second"]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", help="a pair manifest (make pair): its target and draft")
+    ap.add_argument("--target", help="target GGUF [default: the default model]")
+    ap.add_argument("--draft", default="ngram", help="a draft GGUF, or ngram (prompt lookup only)")
+    ap.add_argument("-t", "--temperature", type=float, action="append", help="default: 0 and 0.7")
+    ap.add_argument("--prompts", help="JSONL {cat, prompt} [default: edgespec's built-in set]")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (llama-server -ngl)")
+    ap.add_argument("--llama-bin", help="a folder with llama-server [default: built from the vendored llama.cpp]")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from edgespec import api
+    from edgespec.bench import read_prompts
+    from edgespec.models.default import default_target
+
+    if args.pair:
+        from edgespec.export.pair import read_manifest
+
+        args.target, args.draft = (str(p) for p in read_manifest(args.pair))
+    target = args.target or str(default_target())
+    binary = llama_bin(args.llama_bin) / "llama-server"
+    configs = {"llama-server": ["-ngl", str(args.gpu_layers)]}
+    if args.draft != "ngram":
+        configs["llama-server + draft"] = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers),
+                                           "--spec-type", "draft-simple"]
+    configs["llama-server + ngram"] = [*configs["llama-server"], "--spec-type", "ngram-simple"]
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for row in read_prompts(args.prompts):
+        if len(by_cat[row["cat"]]) < args.per_category:
+            by_cat[row["cat"]].append(row)
+    prompts = [row for rows in by_cat.values() for row in rows]
+
+    servers = {name: Server(binary, target, args.threads, args.ctx, extra) for name, extra in configs.items()}
+    engine = api.load(target, args.draft, threads=args.threads, n_ctx=args.ctx, gpu_layers=args.gpu_layers)
+    totals = defaultdict(lambda: [0, 0.0])  # (temperature, system, category) -> [tokens, seconds]
+    try:
+        for temperature in args.temperature or [0.0, 0.7]:
+            for i, row in enumerate(prompts):
+                for name, server in servers.items():
+                    n, tps = server.answer(row["prompt"], args.max_tokens, temperature, i)
+                    for cat in (row["cat"], "overall"):
+                        totals[temperature, name, cat][0] += n
+                        totals[temperature, name, cat][1] += n / tps if tps else 0.0
+                for name, draft_max in (("edgespec target-only", 0), ("edgespec speculative", None)):
+                    result = engine.generate(row["prompt"], max_tokens=args.max_tokens, temperature=temperature,
+                                             seed=i, draft_max=draft_max)
+                    for cat in (row["cat"], "overall"):
+                        totals[temperature, name, cat][0] += result.stats.generated
+                        totals[temperature, name, cat][1] += result.stats.decode_s
+                print(f"t={temperature} {i + 1}/{len(prompts)} {row['cat']}", file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.close()
+        engine.close()
+
+    systems = [*configs, "edgespec target-only", "edgespec speculative"]
+    cats = [*by_cat, "overall"]
+    rows = []
+    for (temperature, name, cat), (n, seconds) in totals.items():
+        base_n, base_s = totals[temperature, "llama-server", cat]
+        tps, base = n / seconds if seconds else 0.0, base_n / base_s if base_s else 0.0
+        rows.append({"temperature": temperature, "system": name, "category": cat, "tokens": n,
+                     "tok_s": round(tps, 2), "vs_llama_server": round(tps / base, 3) if base else None})
+    report = {"target": target, "draft": args.draft, "threads": args.threads, "max_tokens": args.max_tokens,
+              "prompts": len(prompts), "llama_server": str(binary), "results": rows}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    for temperature in args.temperature or [0.0, 0.7]:
+        print(f"\nt={temperature}: tok/s (x plain llama-server)")
+        print(f"{'system':24s}" + "".join(f"{c:>16s}" for c in cats))
+        for name in systems:
+            cells = [next(r for r in rows if (r["temperature"], r["system"], r["category"]) == (temperature, name, c))
+                     for c in cats]
+            print(f"{name:24s}" + "".join(f"{c['tok_s']:8.1f} ({c['vs_llama_server']:.2f})" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
