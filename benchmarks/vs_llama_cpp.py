@@ -116,6 +116,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (llama-server -ngl)")
+    ap.add_argument("--server-draft-max", type=int, action="append", default=[],
+                    help="also llama-server with the draft at this --spec-draft-n-max (repeatable)")
     ap.add_argument("--llama-bin", help="a folder with llama-server [default: built from the vendored llama.cpp]")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -134,6 +136,9 @@ def main() -> None:
     if args.draft != "ngram":
         configs["llama-server + draft"] = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers),
                                            "--spec-type", "draft-simple"]
+        for n_max in args.server_draft_max:
+            configs[f"llama-server + draft, n-max {n_max}"] = [*configs["llama-server + draft"],
+                                                               "--spec-draft-n-max", str(n_max)]
     configs["llama-server + ngram"] = [*configs["llama-server"], "--spec-type", "ngram-simple"]
     by_cat: dict[str, list[dict]] = defaultdict(list)
     for row in read_prompts(args.prompts):
@@ -179,11 +184,11 @@ def main() -> None:
         return
     for temperature in args.temperature or [0.0, 0.7]:
         print(f"\nt={temperature}: tok/s (x plain llama-server)")
-        print(f"{'system':24s}" + "".join(f"{c:>16s}" for c in cats))
+        print(f"{'system':32s}" + "".join(f"{c:>16s}" for c in cats))
         for name in systems:
             cells = [next(r for r in rows if (r["temperature"], r["system"], r["category"]) == (temperature, name, c))
                      for c in cats]
-            print(f"{name:24s}" + "".join(f"{c['tok_s']:8.1f} ({c['vs_llama_server']:.2f})" for c in cells))
+            print(f"{name:32s}" + "".join(f"{c['tok_s']:8.1f} ({c['vs_llama_server']:.2f})" for c in cells))
 
 
 if __name__ == "__main__":
