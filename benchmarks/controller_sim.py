@@ -76,16 +76,17 @@ def cell(device: Device, draft: str, alpha: float, **options) -> dict:
     """One device, draft and acceptance: target-only, the controller and each fixed length, on the same texts."""
     base = simulate(device, draft, alpha, draft_max=0, k_max=K_MAX, **options)
     ctl = simulate(device, draft, alpha, k_max=K_MAX, **options)
-    fixed = {k: simulate(device, draft, alpha, draft_max=k, k_max=K_MAX, **options).tokens_per_second
+    fixed = {k: simulate(device, draft, alpha, draft_max=k, k_max=K_MAX, **options).tokens_per_virtual_second
              for k in range(1, K_MAX + 1)}
     best_k = max(fixed, key=fixed.get)
-    ratio = ctl.tokens_per_second / base.tokens_per_second
-    of_best = ctl.tokens_per_second / fixed[best_k]
-    pays = fixed[best_k] > base.tokens_per_second
+    ratio = ctl.tokens_per_virtual_second / base.tokens_per_virtual_second
+    of_best = ctl.tokens_per_virtual_second / fixed[best_k]
+    pays = fixed[best_k] > base.tokens_per_virtual_second
     return {"device": device.name, "draft": draft, "alpha": alpha,
-            "controller_tps": round(ctl.tokens_per_second, 2), "target_tps": round(base.tokens_per_second, 2),
+            "controller_tps": round(ctl.tokens_per_virtual_second, 2),
+            "target_tps": round(base.tokens_per_virtual_second, 2),
             "ratio": round(ratio, 3), "best_k": best_k, "best_tps": round(fixed[best_k], 2),
-            "best_ratio": round(fixed[best_k] / base.tokens_per_second, 3), "of_best": round(of_best, 3),
+            "best_ratio": round(fixed[best_k] / base.tokens_per_virtual_second, 3), "of_best": round(of_best, 3),
             "pays": pays, "drafting_rounds": round(ctl.drafting_rounds / ctl.rounds, 3),
             "acceptance": round(ctl.accepted / ctl.drafted, 3) if ctl.drafted else None,
             "met": ratio >= RATIO_GOAL and (not pays or of_best >= BEST_GOAL)}

@@ -188,7 +188,7 @@ PROMPT = 128  # prompt tokens before an answer drafted by a model or heads (look
 
 @dataclass
 class Outcome:
-    """Totals over the answers of one simulated run."""
+    """Totals over the answers of one simulated run, in the virtual clock's seconds."""
 
     tokens: int = 0
     seconds: float = 0.0
@@ -198,7 +198,8 @@ class Outcome:
     drafting_rounds: int = 0
 
     @property
-    def tokens_per_second(self) -> float:
+    def tokens_per_virtual_second(self) -> float:
+        """Tokens over the simulated device's seconds (the VirtualClock): the same on every machine, however busy."""
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
