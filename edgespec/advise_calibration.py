@@ -17,7 +17,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import forward_rows, sync
 from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.laws import dense
+from edgespec.runtime.rule import dense
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
 GREEDY = SamplingParams()

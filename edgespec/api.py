@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import placement
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend
 from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
@@ -193,37 +194,6 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
                             n_gpu_layers=n_gpu_layers, hidden=hidden)
     raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
                         "ONNX export folders")
-
-
-ALL_LAYERS = 10_000  # n_gpu_layers for "all": llama.cpp offloads min(this, layers + output)
-
-
-def parse_gpu_layers(value: int | str | None) -> int | None:
-    """--gpu-layers N|all as a layer count (None: not given, the default placement)."""
-    if value is None or isinstance(value, int) and not isinstance(value, bool):
-        if value is not None and value < 0:
-            raise EdgespecError(f"GPU layers must be 0 or more (or 'all'), got {value}")
-        return value
-    text = str(value).strip().lower()
-    if text == "all":
-        return ALL_LAYERS
-    if not text.isdigit():
-        raise EdgespecError(f"GPU layers must be a number or 'all', got {value!r}")
-    return int(text)
-
-
-def gpu_name() -> str | None:
-    """The GPU llama.cpp's build sees (None: a CPU build, or no llama-cpp-python)."""
-    try:
-        from edgespec.runtime.llama_lib import gpu_name as llama_gpu
-
-        return llama_gpu()
-    except EdgespecError:
-        return None
-
-
-def _gguf(path) -> bool:
-    return path is not None and Path(path).suffix.lower() == ".gguf"
 
 
 LOOKUP_FIRST = "ngram+"  # "ngram+DRAFT": prompt lookup where the text repeats, DRAFT elsewhere
@@ -414,8 +384,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if tree_width > 1 and inner_draft(draft) != draft:
         raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
                             "of 1")
-    layers = parse_gpu_layers(gpu_layers)
-    if layers is None and device is None and budget is None and _gguf(target) and gpu_name() is not None:
+    layers = placement.parse_gpu_layers(gpu_layers)
+    if layers is None and device is None and budget is None and placement.gpu_default(target):
         device = "auto"  # GPU first: the plan for this machine puts on its GPU what fits there
     plan = None
     settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}

@@ -11,7 +11,7 @@ from stats_util import ALPHA, goodness_of_fit
 from test_loop import controller, tokens_of
 from test_verify import target_instead_of_residual
 
-from edgespec.runtime import laws as laws_module
+from edgespec.runtime import rule as rule_module
 from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
 from edgespec.runtime.sampling import SamplingParams, to_probs
@@ -70,7 +70,7 @@ def test_constrained_output_follows_the_constrained_target(monkeypatch, kind, br
     table[:, EOS] = -1e9
     params = SamplingParams(temperature=1.0)
     if broken:
-        monkeypatch.setattr(laws_module, "residual", target_instead_of_residual)
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     target = FakeBackend(table)
     if kind == "ngram":
         drafter = PromptLookupDrafter(V)

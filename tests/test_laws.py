@@ -11,7 +11,7 @@ import pytest
 from stats_util import ALPHA, goodness_of_fit
 from test_verify import DRAFT, TARGET, target_instead_of_residual
 
-from edgespec.runtime import laws
+from edgespec.runtime import laws, rule
 from edgespec.runtime.ngram import NgramIndex, lookup
 from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 from edgespec.runtime.verify import residual, verify
@@ -43,7 +43,7 @@ def rows(rng, n_vocab, kind):
 
 
 def dense_of(law, n_vocab):
-    return laws.dense([law], [law.token if isinstance(law, laws.OneHot) else 0], n_vocab)[0]
+    return rule.dense([law], [law.token if isinstance(law, laws.OneHot) else 0], n_vocab)[0]
 
 
 @pytest.mark.parametrize("n_vocab", [7, 300, 5000, 40000, 152064])
@@ -150,9 +150,9 @@ def test_residual_is_the_reference_residual(draft_kind):
         token = int(np.argmax(q_row))
         q = {"none": None, "one-hot": laws.OneHot(token), "dense": laws.law(q_row, SamplingParams(0.7)),
              "sparse": laws.law(q_row, SamplingParams(0.7, top_k=50))}[draft_kind]
-        q_dense = laws.dense([q], [token], n_vocab)[0]
+        q_dense = rule.dense([q], [token], n_vocab)[0]
         expected = residual(to_probs(p_row, params), q_dense)
-        np.testing.assert_allclose(dense_of(laws.residual(p, q, token, n_vocab), n_vocab), expected, atol=2e-6)
+        np.testing.assert_allclose(dense_of(rule.residual(p, q, token, n_vocab), n_vocab), expected, atol=2e-6)
 
 
 def test_verify_on_laws_takes_the_reference_steps():
@@ -170,9 +170,9 @@ def test_verify_on_laws_takes_the_reference_steps():
         tokens = [int(np.argmax(row)) if draft_laws is None else draft_laws[i].sample(draw)
                   for i, row in enumerate(draft_logits)]
         state = draw.bit_generator.state
-        fast = laws.verify(laws.Rows(target_logits, params), laws.as_laws(draft_laws, k), tokens, n_vocab, draw)
+        fast = rule.verify(rule.Rows(target_logits, params), rule.as_laws(draft_laws, k), tokens, n_vocab, draw)
         draw.bit_generator.state = state
-        reference = verify(to_probs(target_logits, params), laws.dense(draft_laws, tokens, n_vocab),
+        reference = verify(to_probs(target_logits, params), rule.dense(draft_laws, tokens, n_vocab),
                            np.array(tokens), draw)
         assert fast == reference, (seed, params)
 
@@ -185,9 +185,9 @@ def test_greedy_verify_on_laws_is_the_reference_outcome_without_draws():
         tokens = [int(np.argmax(row)) if rng_rows.random() < 0.7 else int(rng_rows.integers(16))
                   for row in target_logits[:3]]
         draw = np.random.default_rng(0)
-        fast = laws.verify(laws.Rows(target_logits, greedy), [None] * 3, tokens, 16, draw)
+        fast = rule.verify(rule.Rows(target_logits, greedy), [None] * 3, tokens, 16, draw)
         assert draw.bit_generator.state == np.random.default_rng(0).bit_generator.state  # nothing drawn
-        reference = verify(to_probs(target_logits, greedy), laws.dense(None, tokens, 16), np.array(tokens),
+        reference = verify(to_probs(target_logits, greedy), rule.dense(None, tokens, 16), np.array(tokens),
                            np.random.default_rng(0))
         assert fast == reference
 
@@ -197,7 +197,7 @@ def test_verify_on_laws_emits_the_target_law(monkeypatch, broken):
     """Monte Carlo over the first token, a dense draft and a one-hot one: the target's law; without the residual
     it is not."""
     if broken:
-        monkeypatch.setattr(laws, "residual", target_instead_of_residual)
+        monkeypatch.setattr(rule, "residual", target_instead_of_residual)
     rng = np.random.default_rng(7)
     target = [laws.Weights(None, row, 1.0) for row in TARGET]
     draws = []
@@ -207,7 +207,7 @@ def test_verify_on_laws_emits_the_target_law(monkeypatch, broken):
             tokens = [sample(row, rng) for row in DRAFT]
         else:
             draft, tokens = [None] * 3, [1, 3, 0]
-        n_acc, token = laws.verify(target, draft, tokens, 4, rng)
+        n_acc, token = rule.verify(target, draft, tokens, 4, rng)
         draws.append(tokens[0] if n_acc else token)
     p = goodness_of_fit(draws, {a: TARGET[0, a] for a in range(4)})
     assert (p < ALPHA) == broken, p

@@ -10,7 +10,7 @@ from stats_util import ALPHA, goodness_of_fit
 from test_verify import target_instead_of_residual
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime import laws as laws_module
+from edgespec.runtime import rule as rule_module
 from edgespec.runtime.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
 from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.runtime.loop import Stats, speculate
@@ -188,7 +188,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
     from edgespec.runtime import verify as verify_module
 
     if broken and width == 1:
-        monkeypatch.setattr(laws_module, "residual", target_instead_of_residual)
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     elif broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
     draws, drafted, verdicts = [], 0, Counter()  # verdicts: the gate's, keep (True) or end the chain

@@ -542,9 +542,9 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
     """Without --device, a llama.cpp build with a GPU loads under the plan for this machine (what fits on the GPU),
     and the placement says where each model runs; --gpu-layers and --cpu override it. This machine's build has
     no GPU, so the GPU is said to be there and the plan's choice is checked, not a GPU's speed."""
-    from edgespec import api
+    from edgespec import api, placement
 
-    monkeypatch.setattr(api, "gpu_name", lambda: "CUDA0")
+    monkeypatch.setattr(placement, "gpu_name", lambda: "CUDA0")
     engine = api.load(draft="ngram")
     try:
         assert engine.plan is not None and engine.plan.profile.name == "auto"
@@ -553,11 +553,11 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
     for layers in (0, "0", 12, "all"):
         engine = api.load(draft="ngram", gpu_layers=layers)
         try:  # asked for: no plan, the layers as given (this CPU build places none, and says so)
-            assert engine.plan is None and engine.target.n_gpu_layers == api.parse_gpu_layers(layers)
+            assert engine.plan is None and engine.target.n_gpu_layers == placement.parse_gpu_layers(layers)
             assert engine.placement()["target"]["device"] == "cpu"
         finally:
             engine.close()
-    monkeypatch.setattr(api, "gpu_name", lambda: None)
+    monkeypatch.setattr(placement, "gpu_name", lambda: None)
     engine = api.load(draft="ngram")
     try:  # no GPU: as before, no plan and nothing offloaded
         assert engine.plan is None and engine.target.n_gpu_layers == 0

@@ -72,7 +72,7 @@ def without_residual(target_probs, draft_probs, draft_tokens, rng):
 
 
 def target_instead_of_residual(target, draft, token, n_vocab):
-    """The same wrong rule on laws (runtime/laws.residual's place): after a rejection, the target's own law."""
+    """The same wrong rule on laws (runtime/rule.residual's place): after a rejection, the target's own law."""
     return target
 
 

@@ -9,9 +9,9 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.backend import MAX_OUTPUTS
-from edgespec.runtime.llama_backend import LlamaHandles
 from edgespec.runtime.llama_lib import KV_TYPES, check_gguf_file
 from edgespec.runtime.llama_lib import lib as _lib
+from edgespec.runtime.llama_model import LlamaHandles
 
 
 class LlamaVectorModel(LlamaHandles):

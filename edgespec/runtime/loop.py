@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime import laws
+from edgespec.runtime import rule
 from edgespec.runtime.backend import MAX_OUTPUTS, Backend, sync
 from edgespec.runtime.constraint import Constraint
 from edgespec.runtime.cost import DraftController
@@ -226,8 +226,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
                     if guess:
-                        guess_law = laws.as_laws(guess_probs, 1)[0]
-                        controller.observe_shadow(laws.acceptance(target_laws[0], guess_law, guess[0]))
+                        guess_law = rule.as_laws(guess_probs, 1)[0]
+                        controller.observe_shadow(rule.acceptance(target_laws[0], guess_law, guess[0]))
 
             started = start_next is not None and token not in eog and stats.generated + n_acc + 1 < max_tokens \
                 and len(committed) + n_acc + 1 < target.n_ctx and start_next([token])
@@ -261,7 +261,7 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
                  started=False):
     """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass (started: the
     target is computing the pass over the last committed token already, k is 0); the target's cache keeps the
-    accepted ones. Returns (drafts, accepted, next token, the target's laws (laws.Rows), draft end
+    accepted ones. Returns (drafts, accepted, next token, the target's laws (rule.Rows), draft end
     time, verify end time)."""
     drafts, draft_probs = [], None
     if k > 0:
@@ -280,9 +280,9 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
         logits = target.forward([committed[-1], *drafts], len(drafts) + 1, copy=False)  # [k+1, V]
     if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
         logits = np.where(allowed, logits, -np.inf)
-    target_laws = laws.Rows(logits, params)  # each row processed when the rule first reads it
+    target_laws = rule.Rows(logits, params)  # each row processed when the rule first reads it
     # k = 0 is the same rule with nothing to accept: a plain target sample
-    n_acc, token = laws.verify(target_laws, laws.as_laws(draft_probs, len(drafts)), drafts, target.vocab.n_vocab, rng)
+    n_acc, token = rule.verify(target_laws, rule.as_laws(draft_probs, len(drafts)), drafts, target.vocab.n_vocab, rng)
     t2 = clock()
     if len(committed) + n_acc < len(target.tokens):  # nothing to drop after a round that kept every draft
         target.rollback(len(committed) + n_acc)
@@ -316,5 +316,5 @@ def _constrain(constraint, drafts, draft_probs):
         allowed.append(constraint.allowed())
     constraint.rollback(kept)
     allowed = np.stack(allowed)  # [kept+1, V]
-    draft_laws = laws.restrict(laws.as_laws(draft_probs, len(drafts))[:kept], allowed[:kept])
+    draft_laws = rule.restrict(rule.as_laws(draft_probs, len(drafts))[:kept], allowed[:kept])
     return drafts[:kept], draft_laws, allowed
