@@ -65,7 +65,7 @@ $(PAIR): | install
 # the f32 target's own Q4_0, trained through its rounding to agree with it, on its answers to 585 of the built-in
 # training prompts (every third of each category, at most 100): about 35 minutes on 2 CPU cores
 QAT_DRAFT := $(dir $(PAIR))draft-qat-q4_0.gguf
-QAT_PROMPTS := import json; from edgespec.models.distill import read_train_prompts as r; p = r(); \
+QAT_PROMPTS := import json; from edgespec.train.distill import read_train_prompts as r; p = r(); \
 	[print(json.dumps(x)) for c in sorted({x["cat"] for x in p}) for x in [x for x in p if x["cat"] == c][::3][:100]]
 qat-draft: $(QAT_DRAFT)
 
@@ -78,7 +78,7 @@ $(QAT_DRAFT): | pair
 # that draft, one more epoch with the f32 target's answers to the other 1215 built-in training prompts beside
 # the first 585: about 31 minutes of answers and 20 of training on 2 CPU cores
 QAT_DRAFT_ALL := $(dir $(PAIR))draft-qat2-q4_0.gguf
-REST_PROMPTS := import json; from edgespec.models.distill import read_train_prompts as r; \
+REST_PROMPTS := import json; from edgespec.train.distill import read_train_prompts as r; \
 	q = [json.loads(line) for line in open("$(PAIR_DIR)/qat-prompts.jsonl")]; [print(json.dumps(x)) for x in r() if x not in q]
 qat-draft-all: $(QAT_DRAFT_ALL)
 

@@ -20,8 +20,8 @@ from collections import defaultdict
 import numpy as np
 
 from edgespec.api import load, prompt_tokens
-from edgespec.models.distill import read_train_prompts
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.train.distill import read_train_prompts
 
 
 def balanced(n: int) -> list[dict]:

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 from head_agreement import first_step_hits
 
-from edgespec.models.corpus import MANIFEST, holdout_split, read_corpus
-from edgespec.models.eagle import fit_eagle
-from edgespec.runtime.eagle import EagleDrafter
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.drafts.eagle import EagleDrafter
+from edgespec.train.corpus import MANIFEST, holdout_split, read_corpus
+from edgespec.train.eagle import fit_eagle
 
 
 def finished_shards(folder: Path, view: Path):

@@ -1,5 +1,5 @@
 """Is the draft-length controller never slower than target-only decoding, whatever the device? The loop on
-simulated devices (runtime/sim_backend.py): passes cost what a device's table says, on a virtual clock, at a set
+simulated devices (backends/sim.py): passes cost what a device's table says, on a virtual clock, at a set
 acceptance, so each cell takes a second of real time and gives the same figures on every run.
 
     python benchmarks/controller_sim.py [--device h200-3b-f16 ...] [--draft lookup ...] [--json]
@@ -10,7 +10,7 @@ them as an Engine keeps one). Goals: the controller >= 0.97x target-only in ever
 fixed length wherever that beats target-only.
 
 The devices. Figures are seconds per pass of n tokens; lengths a table lacks are interpolated, and past its
-longest extrapolated along its last slope (runtime/sim_backend.pass_seconds). `draft_read` is what each further
+longest extrapolated along its last slope (backends/sim.pass_seconds). `draft_read` is what each further
 token of a draft model's pass costs (catching up on text it skipped), `head` a head step.
 """
 
@@ -21,7 +21,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from edgespec.runtime.sim_backend import DRAFTS, Device, simulate
+from edgespec.backends.sim import DRAFTS, Device, simulate
 
 
 def ms(table: dict[int, float]) -> dict[int, float]:
@@ -40,11 +40,11 @@ DEVICES = {d.name: d for d in (
     Device("h200-3b-f16", ms({1: 3.29, 2: 4.02, 4: 4.30, 5: 4.43, 8: 4.92}), draft_step=1.7e-3, draft_read=2e-5,
            head_token=0.35e-3, source="issue figures (H200, edgespec on llama.cpp)"),
     # this CPU (2-core x86), the default model SmolLM2-135M-Instruct Q4_1: docs/controller.md (1, 2, 5 tokens);
-    # its Q4_0 export as the draft: 7.9 ms a step, 11.5 ms for two tokens (runtime/drafts.py, catch_up); the
+    # its Q4_0 export as the draft: 7.9 ms a step, 11.5 ms for two tokens (drafts/base.py, catch_up); the
     # EAGLE head 1.1 ms a step after a verify pass (docs/drafts.md, benchmarks/eagle_runners.py). Taken from the
     # docs: measure_pass_costs here during this session moved by 2-60x with another benchmark on the cores.
     Device("cpu-default-q4_1", ms({1: 10.5, 2: 14.5, 5: 27.0}), draft_step=7.9e-3, draft_read=3.6e-3,
-           head_token=1.1e-3, source="docs/controller.md, runtime/drafts.py, docs/drafts.md"),
+           head_token=1.1e-3, source="docs/controller.md, drafts/base.py, docs/drafts.md"),
     # this CPU, the same model in f32 (make pair), measure_pass_costs after 200 tokens, median of 7, default
     # build (docs/results/2026-11-26-from-the-readme.md); its Q4_0 draft 6.8 ms a step (same run)
     Device("cpu-f32", ms({1: 18.6, 2: 25.9, 4: 30.1, 8: 42.7}), draft_step=6.8e-3, draft_read=3.6e-3,

@@ -17,7 +17,7 @@ import argparse
 import copy
 from collections import defaultdict
 
-from edgespec.runtime import cost
+from edgespec.decode import cost
 
 PROBE_MAX = cost.PROBE_MAX  # the rule now; `eager` sets cost.PROBE_MAX to PROBE_EVERY for its rounds
 

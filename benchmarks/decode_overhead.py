@@ -69,10 +69,10 @@ def main() -> None:
     import llama_cpp  # noqa: F401 (before numpy: a CUDA image was seen to crash loading a model when numpy came first)
     import numpy as np
 
-    from edgespec.runtime.llama_backend import LlamaBackend
-    from edgespec.runtime.llama_lib import lib as _lib
-    from edgespec.runtime.loop import Stats, speculate
-    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.backends.llama.lib import lib as _lib
+    from edgespec.decode.loop import Stats, speculate
+    from edgespec.decode.sampling import SamplingParams
 
     lib = _lib()
     n_ctx = args.tokens + 16

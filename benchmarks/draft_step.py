@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from edgespec.api import open_drafter, open_model
-from edgespec.runtime.cost import measure_pass_costs
-from edgespec.runtime.onnx_backend import SPIN_WITHIN_RUNS
+from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
+from edgespec.decode.cost import measure_pass_costs
 
 CONTEXT = 64  # tokens in both caches before timing: a short answer's worth
 

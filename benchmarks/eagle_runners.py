@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime.eagle import EagleDrafter, save_eagle
-from edgespec.runtime.llama_backend import LlamaBackend
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.eagle import EagleDrafter, save_eagle
 
 RUNNERS = (("numpy", "f32"), ("ggml", "f16"), ("ggml", "q8_0"))
 
 
 def untrained_head(target: LlamaBackend, folder: Path) -> Path:
-    from edgespec.models.eagle import SUBSET_SIZE, initial_weights
+    from edgespec.train.eagle import SUBSET_SIZE, initial_weights
 
     weights, meta = initial_weights(target.path)
     subset = np.arange(min(SUBSET_SIZE, target.vocab.n_vocab))

@@ -56,8 +56,8 @@ log "pass costs the controller plans from (1..16 tokens), target and draft on th
 timeout 120 python3 - "$model" "$draft" >"$OUT/pass-costs.json" 2>>"$OUT/log.txt" <<'PY'
 import llama_cpp  # noqa: F401 (before numpy)
 import json, sys
-from edgespec.runtime.cost import measure_pass_costs
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.decode.cost import measure_pass_costs
+from edgespec.backends.llama.backend import LlamaBackend
 out = {}
 for role, path in (("target", sys.argv[1]), ("draft", sys.argv[2])):
     b = LlamaBackend(path, n_ctx=512, n_threads=8, n_gpu_layers=99)

@@ -18,9 +18,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from edgespec.models.corpus import holdout_split, read_corpus
-from edgespec.runtime.eagle import EagleDrafter
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.drafts.eagle import EagleDrafter
+from edgespec.train.corpus import holdout_split, read_corpus
 
 
 def first_step_hits(drafter: EagleDrafter, tokens: list[int], n_prompt: int, hidden: np.ndarray,

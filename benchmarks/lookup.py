@@ -22,8 +22,8 @@ import numpy as np
 
 from edgespec.api import load
 from edgespec.bench import format_comparison, read_prompts, run_bench
-from edgespec.runtime.drafts import PromptLookupDrafter
-from edgespec.runtime.ngram import lookup
+from edgespec.drafts.base import PromptLookupDrafter
+from edgespec.drafts.ngram import lookup
 
 DEPTH = 8
 

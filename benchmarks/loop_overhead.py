@@ -30,11 +30,11 @@ import time
 
 import numpy as np
 
-from edgespec.runtime.backend import Vocab
-from edgespec.runtime.cost import DraftController
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.backends.protocol import Vocab
+from edgespec.decode.cost import DraftController
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 
 VOCABS = (32000, 49152, 128256, 152064)
 SAMPLINGS = {"greedy": SamplingParams(0.0), "t=0.7": SamplingParams(0.7),
@@ -54,9 +54,9 @@ GOALS = {("target-only", "greedy"): ("tok/s", 10000), ("target-only", "t=0.7"): 
 
 def model_rows(n_rows: int = 32, seed: int = 0) -> np.ndarray:
     """Logits rows [n_rows, 49152] of the default model along its own answer at temperature 1."""
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.decode.sampling import sample, to_probs
     from edgespec.models.default import default_target
-    from edgespec.runtime.llama_backend import LlamaBackend
-    from edgespec.runtime.sampling import sample, to_probs
 
     backend = LlamaBackend(default_target(), n_ctx=256, n_threads=2)
     prompt = ("<|im_start|>user\nExplain why the sky is blue, then write a short poem about it.<|im_end|>\n"

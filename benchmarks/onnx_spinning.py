@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-# a setting's name: what api.load's spin gets (runtime/onnx_backend.open_session)
+# a setting's name: what api.load's spin gets (backends/onnx/folder.open_session)
 SETTINGS = {"between runs": True, "within runs": "runs", "off": False}
 
 

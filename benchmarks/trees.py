@@ -14,9 +14,9 @@ import argparse
 import json
 
 from edgespec.api import load
+from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.bench import format_comparison, read_prompts, run_bench
-from edgespec.runtime.backend import MAX_OUTPUTS
-from edgespec.runtime.cost import measure_pass_costs
+from edgespec.decode.cost import measure_pass_costs
 
 
 def main() -> None:

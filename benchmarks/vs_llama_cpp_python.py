@@ -2,7 +2,7 @@
 
 llama-cpp-python's `Llama.generate` is the loop under its `create_completion`: llama.cpp decodes a token and
 samples it with llama.cpp's sampler chain in C, on llama.cpp's own logits buffer. edgespec decodes the same
-token through the same llama.cpp build and samples in Python (runtime/laws.py). Both run the same file, the
+token through the same llama.cpp build and samples in Python (decode/laws.py). Both run the same file, the
 same chat-templated prompts, the same threads, context and batch sizes, one after the other per prompt (which
 goes first alternates), so their decode speeds are compared under the same machine state. Decode speed is
 measured from each answer's first token to its last, over (tokens - 1), so prompt processing is left out.
@@ -30,8 +30,8 @@ def edgespec_answer(target, tokens: list[int], max_tokens: int, sampling: dict, 
     """edgespec's target-only answer to prompt tokens and the seconds from its first token to its last."""
     import numpy as np
 
-    from edgespec.runtime.loop import speculate
-    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.decode.loop import speculate
+    from edgespec.decode.sampling import SamplingParams
 
     params = SamplingParams(temperature=sampling["temperature"], top_p=sampling["top_p"])
     out, first = [], None
@@ -85,9 +85,9 @@ def main() -> None:
     import llama_cpp  # before numpy: a CUDA image was seen to crash loading a model when numpy came first
 
     from edgespec.api import prompt_tokens
+    from edgespec.backends.llama.backend import LlamaBackend
     from edgespec.bench import read_prompts
     from edgespec.models.default import default_target
-    from edgespec.runtime.llama_backend import LlamaBackend
 
     model = args.model or str(default_target())
     target = LlamaBackend(model, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers,

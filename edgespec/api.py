@@ -18,19 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec import placement
+from edgespec.backends.model_info import read_model_info
+from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend
+from edgespec.decode.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.loop import Event, Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.text import render_chat
+from edgespec.drafts.base import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
+from edgespec.drafts.eagle import EAGLE_SUFFIX
+from edgespec.drafts.heads import HEADS_SUFFIX
+from edgespec.drafts.subset import SubsetDraft
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import MAX_OUTPUTS, Backend
-from edgespec.runtime.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
-from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.eagle import EAGLE_SUFFIX
-from edgespec.runtime.heads import HEADS_SUFFIX
-from edgespec.runtime.loop import Event, Stats, speculate
-from edgespec.runtime.model_info import read_model_info
-from edgespec.runtime.onnx_backend import SPIN_WITHIN_RUNS
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.subset_draft import SubsetDraft
-from edgespec.runtime.text import render_chat
+from edgespec.plan import placement
 
 # "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
 # it, which bench measured faster there (docs/drafts.md, "Every kind, trained on the f32 target's own answers"); on
@@ -90,7 +90,7 @@ class Engine:
         self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
         self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (cost.DraftGate)
         self.draft_backend = draft_backend
-        self.plan = plan  # the memory plan it was loaded with (runtime.planner.Plan), if any
+        self.plan = plan  # the memory plan it was loaded with (plan.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary, built on first use (~1 s)
 
@@ -121,7 +121,7 @@ class Engine:
         tokens = self.prompt_tokens(prompt, chat=chat)
         constraint = None
         if json_schema is not None:
-            from edgespec.runtime.constraint import GrammarConstraint, llg_tokenizer
+            from edgespec.decode.constraint import GrammarConstraint, llg_tokenizer
 
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = llg_tokenizer(self.target)
@@ -183,12 +183,12 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
     """
     path = Path(path)
     if path.is_dir() or path.suffix.lower() == ".onnx":
-        from edgespec.runtime.onnx_backend import OnnxBackend
+        from edgespec.backends.onnx.backend import OnnxBackend
 
         return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider,
                            hidden=hidden, spin=spin)
     if path.suffix.lower() == ".gguf" or not path.suffix:
-        from edgespec.runtime.llama_backend import LlamaBackend
+        from edgespec.backends.llama.backend import LlamaBackend
 
         return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type, n_ubatch=n_ubatch,
                             n_gpu_layers=n_gpu_layers, hidden=hidden)
@@ -209,9 +209,10 @@ def auto_draft(target: str | os.PathLike) -> str:
     """The draft "auto" stands for with this target: "ngram+eagle" for an ONNX export that returns hidden states
     and shares the shipped EAGLE head's vocabulary and width, "ngram" for anything else. Reads the export's graph
     and tokenizer, loads nothing."""
+    from edgespec.backends.onnx.folder import MODEL_FILE
+    from edgespec.backends.onnx.weights import export_facts
+    from edgespec.drafts.eagle import load_eagle
     from edgespec.models.default import shipped_draft
-    from edgespec.runtime.eagle import load_eagle
-    from edgespec.runtime.onnx_backend import MODEL_FILE, export_facts
 
     path = Path(target)
     folder = path.parent if path.name == MODEL_FILE else path
@@ -248,9 +249,9 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
              kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
              measure_bandwidth: bool = True):
     """The memory plan for a target and a draft on a device profile (default: this machine) and/or within a
-    budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See runtime.planner."""
-    from edgespec.runtime.planner import make_plan, parse_size
-    from edgespec.runtime.profiles import get_profile
+    budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See plan.planner."""
+    from edgespec.plan.planner import make_plan, parse_size
+    from edgespec.plan.profiles import get_profile
 
     if target is None:
         from edgespec.models.default import default_target
@@ -264,14 +265,14 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
     target_info = read_model_info(target)
     heads_bytes = None
     if heads_kind(draft) == "eagle":
-        from edgespec.runtime.eagle import eagle_bytes
+        from edgespec.drafts.eagle import eagle_bytes
 
         rows = {t.name: t.type for t in target_info.tensors}
         rows = rows.get("output.weight") or rows.get("token_embd.weight")
         heads_bytes = eagle_bytes(draft, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096,
                                   rows_quantized=rows not in ("F32", "F16"))
     elif heads_kind(draft) == "medusa":
-        from edgespec.runtime.heads import medusa_bytes
+        from edgespec.drafts.heads import medusa_bytes
 
         heads_bytes = medusa_bytes(draft, target_info.n_vocab, target_info.n_embd)
     draft_info = read_model_info(draft) if kind == "model" else None
@@ -286,8 +287,8 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
     """The drafter for `draft` (see `load`) against a loaded target: (drafter, its own backend if it is a model,
     seconds per drafted token measured here). window: recent tokens a draft model reads (default 1024);
     settings: llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
-    from edgespec.runtime.drafts import MAX_DRAFT
-    from edgespec.runtime.planner import DRAFT_WINDOWS
+    from edgespec.drafts.base import MAX_DRAFT
+    from edgespec.plan.planner import DRAFT_WINDOWS
 
     draft = resolve_draft(draft)
     heads = heads_kind(draft)
@@ -302,12 +303,12 @@ def open_drafter(draft, target: Backend, *, window: int | None = None, threads: 
     if str(draft) == "ngram":
         return PromptLookupDrafter(target.vocab.n_vocab), None, 0.0
     if heads == "eagle":
-        from edgespec.runtime.eagle import EagleDrafter
+        from edgespec.drafts.eagle import EagleDrafter
 
         drafter = EagleDrafter(draft, target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
     if heads == "medusa":
-        from edgespec.runtime.heads import MedusaDrafter
+        from edgespec.drafts.heads import MedusaDrafter
 
         drafter = MedusaDrafter(draft, target)
         return drafter, None, drafter.measure_cost()
@@ -355,14 +356,14 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
             targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
-            confidence in it (runtime/cost.DraftGate); False drafts the controller's k every round.
-        spin: how an ONNX target's onnxruntime threads spin between ops (runtime/onnx_backend.open_session):
+            confidence in it (decode/cost.DraftGate); False drafts the controller's k every round.
+        spin: how an ONNX target's onnxruntime threads spin between ops (backends/onnx/folder.open_session):
             True, also between runs; "runs", within each run only; False, never. None (default): True where
             nothing runs beside the target (no draft, or prompt lookup), "runs" beside a draft model or heads,
             whose threads need the cores between the target's runs.
     """
-    from edgespec.runtime.plan_report import refusal
-    from edgespec.runtime.planner import DEFAULT_CTX, DRAFT_WINDOWS
+    from edgespec.plan.planner import DEFAULT_CTX, DRAFT_WINDOWS
+    from edgespec.plan.report import refusal
 
     if target is None:
         from edgespec.models.default import default_target

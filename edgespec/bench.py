@@ -183,7 +183,7 @@ def format_comparison(reports: list[dict]) -> str:
 _PEAK_CHILD = r"""
 import json, resource, sys
 import edgespec.api as api
-from edgespec.runtime.plan_report import to_dict
+from edgespec.plan.report import to_dict
 args = json.loads(sys.argv[1])
 engine = api.load(args["target"], args["draft"], n_ctx=args["ctx"], device=args["device"], budget=args["budget"])
 # fill the context: the KV cache, the compute buffer and the logits rows all reach their planned size

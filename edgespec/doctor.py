@@ -21,8 +21,8 @@ from collections import Counter
 import numpy as np
 
 from edgespec import __version__
-from edgespec.runtime.sampling import SamplingParams, sample, to_probs
-from edgespec.runtime.verify import verify
+from edgespec.decode.sampling import SamplingParams, sample, to_probs
+from edgespec.decode.verify import verify
 
 ALPHA = 1e-3  # a correct rule fails the self-test at this rate
 POSITIONS = (6, 14, 30)  # where in the text the rule is tested
@@ -75,7 +75,7 @@ def rule_selftest(target_probs: np.ndarray, draft_probs: np.ndarray, rng: np.ran
 
 def exactness(engine, params: SamplingParams, draws: int = 10000, seed: int = 0, rule=None) -> dict:
     """The self-test on a loaded engine at POSITIONS of TEXT; see the module docstring."""
-    from edgespec.runtime.backend import sync
+    from edgespec.backends.protocol import sync
 
     tokens = engine.target.tokenize(TEXT, special=False)
     rng = np.random.default_rng(seed)
@@ -105,7 +105,7 @@ def environment() -> dict:
     try:
         import llama_cpp
 
-        from edgespec.runtime.llama_lib import devices
+        from edgespec.backends.llama.lib import devices
 
         info = llama_cpp.llama_print_system_info().decode()
         out["llama_cpp"] = {"version": llama_cpp.__version__, "system_info": info.strip(),

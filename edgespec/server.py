@@ -31,8 +31,8 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgespec.api import Engine
+from edgespec.decode.loop import Stats
 from edgespec.errors import EdgespecError
-from edgespec.runtime.loop import Stats
 from edgespec.server_errors import (
     KeyRefusedError,
     RequestTimeoutError,

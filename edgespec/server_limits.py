@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from edgespec.runtime.loop import Stats
+from edgespec.decode.loop import Stats
 
 
 class Admission:

@@ -19,7 +19,7 @@ def default_gguf():
 @pytest.fixture(scope="session")
 def q4_0_gguf(default_gguf, tmp_path_factory):
     """A second GGUF of the default model (re-quantized to Q4_0): a real draft with the same vocabulary."""
-    from edgespec.runtime.llama_lib import quantize_gguf
+    from edgespec.backends.llama.lib import quantize_gguf
 
     return quantize_gguf(default_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0.gguf", "q4_0")
 
@@ -89,7 +89,7 @@ CORPUS_PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prom
 @pytest.fixture(scope="session")
 def default_corpus(default_gguf, tmp_path_factory):
     """The default model's greedy answers to three prompts, with top-32 logits and hidden states."""
-    from edgespec.models.corpus import build_corpus
+    from edgespec.train.corpus import build_corpus
 
     out = tmp_path_factory.mktemp("corpus") / "default"
     build_corpus(default_gguf, CORPUS_PROMPTS, out, max_tokens=12, hidden=True, shard_size=2, progress=False)
@@ -102,6 +102,6 @@ def subset_gguf(q4_0_gguf, tmp_path_factory):
     first), as edgespec draft-vocab writes it."""
     import numpy as np
 
-    from edgespec.runtime.subset_draft import write_subset
+    from edgespec.drafts.subset import write_subset
 
     return write_subset(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-s8k.gguf", np.arange(8192))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.backend import Vocab
+from edgespec.backends.protocol import Vocab
 
 EOS = 0
 

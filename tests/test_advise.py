@@ -14,12 +14,12 @@ from test_heads import HiddenFake as MedusaTarget
 from test_heads import heads_file
 from test_loop import controller
 
-from edgespec import advise
 from edgespec.api import Engine
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.eagle import EagleDrafter
-from edgespec.runtime.heads import MedusaDrafter
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
+from edgespec.drafts.eagle import EagleDrafter
+from edgespec.drafts.heads import MedusaDrafter
+from edgespec.plan import advise
 
 V = 5
 PROMPTS = [{"cat": c, "prompt": p} for c, p in [("x", "ab"), ("x", "dca"), ("y", "b"), ("y", "cc"), ("y", "dab")]]
@@ -223,7 +223,7 @@ def test_advise_on_the_real_model_predicts_what_the_loop_then_measures(q4_0_gguf
 
 
 def test_roofline_costs_read_the_profile(default_gguf, q4_0_gguf):
-    from edgespec.runtime.profiles import get_profile
+    from edgespec.plan.profiles import get_profile
 
     profile = get_profile("orin-nano-8gb")
     measured = advise.Costs({1: 0.01, 2: 0.02}, 0.0, 0.001, 0.0002, "here")

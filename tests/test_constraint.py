@@ -11,10 +11,10 @@ from stats_util import ALPHA, goodness_of_fit
 from test_loop import controller, tokens_of
 from test_verify import target_instead_of_residual
 
-from edgespec.runtime import rule as rule_module
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams, to_probs
+from edgespec.decode import rule as rule_module
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams, to_probs
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 
 V = 5
 

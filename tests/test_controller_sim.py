@@ -1,14 +1,10 @@
-"""The draft-length controller on simulated devices (runtime/sim_backend.py): passes cost what a table says on a
+"""The draft-length controller on simulated devices (backends/sim.py): passes cost what a table says on a
 virtual clock, so these speed comparisons are exact and the same on every machine, not wall-clock timings."""
 
 import numpy as np
 import pytest
 
-from edgespec.runtime.cost import DraftController, measure_pass_costs, measure_read_cost
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.sim_backend import (
+from edgespec.backends.sim import (
     TARGET_TOP,
     Device,
     SimBackend,
@@ -18,6 +14,10 @@ from edgespec.runtime.sim_backend import (
     pass_seconds,
     simulate,
 )
+from edgespec.decode.cost import DraftController, measure_pass_costs, measure_read_cost
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 
 # the issue's H200 figures (3B f16 target; a 135M draft step 1.7 ms; a head step assumed at 0.35 ms) and its CPU
 # whose 2-token pass costs twice a 1-token pass; benchmarks/controller_sim.py has these and more

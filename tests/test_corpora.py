@@ -11,7 +11,7 @@ from conftest import CORPUS_PROMPTS
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
-from edgespec.models.corpus import Sequence, check_also, holdout_split, read_corpora, read_corpus
+from edgespec.train.corpus import Sequence, check_also, holdout_split, read_corpora, read_corpus
 
 
 def seq(prompt: list[int], answer: list[int]) -> Sequence:
@@ -75,7 +75,7 @@ def test_the_cli_refuses_a_corpus_beside_itself_before_any_work(default_corpus, 
 
 @pytest.mark.slow
 def test_heads_train_on_sampled_answers_beside_greedy_ones(default_gguf, tmp_path):
-    from edgespec.models.heads import train_heads
+    from edgespec.train.heads import train_heads
 
     common = {"kind": "medusa", "prompts": CORPUS_PROMPTS, "max_tokens": 12, "progress": False}
     sampled = train_heads(default_gguf, tmp_path / "s.medusa.npz", corpus=tmp_path / "sampled", temperature=1.0,

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from edgespec.runtime.cost import (
+from edgespec.decode.cost import (
     BIN_DECAY,
     CONFIDENCE_BINS,
     PROBE_EVERY,

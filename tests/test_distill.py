@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from conftest import CORPUS_PROMPTS, soft_llama
 
+from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.errors import EdgespecError
-from edgespec.models import corpus as corpus_module
-from edgespec.models.corpus import build_corpus, read_corpus, teacher_forced
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.train import corpus as corpus_module
+from edgespec.train.corpus import build_corpus, read_corpus, teacher_forced
 
 PROMPTS = CORPUS_PROMPTS
 
@@ -196,7 +196,7 @@ def test_sampled_answers_from_many_streams_follow_the_targets_law(default_gguf):
     handed to the wrong stream would fail)."""
     from stats_util import ALPHA, goodness_of_fit
 
-    from edgespec.runtime.sampling import SamplingParams, to_probs
+    from edgespec.decode.sampling import SamplingParams, to_probs
 
     backend = LlamaBackend(default_gguf, n_ctx=16 * 16)
     texts = ["The capital of France is", "My favourite food is"]
@@ -250,9 +250,9 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     from transformers import LlamaForCausalLM
 
     from edgespec.api import load
+    from edgespec.drafts.subset import SubsetDraft, read_subset
     from edgespec.export import export
-    from edgespec.models.distill import distill
-    from edgespec.runtime.subset_draft import SubsetDraft, read_subset
+    from edgespec.train.distill import distill
 
     tiny_checkpoint = soft_checkpoint
     target = tmp_path / "target.gguf"
@@ -291,8 +291,8 @@ def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
     """distill --temperature/--seed: the corpus records both, its answers are not the greedy ones, and a draft
     trains on it."""
     from edgespec.export import export
-    from edgespec.models.corpus import read_corpus
-    from edgespec.models.distill import distill
+    from edgespec.train.corpus import read_corpus
+    from edgespec.train.distill import distill
 
     target = tmp_path / "target.gguf"
     export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
@@ -318,7 +318,7 @@ def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_pa
 
     from edgespec.errors import EdgespecError
     from edgespec.export import export
-    from edgespec.models.distill import distill
+    from edgespec.train.distill import distill
 
     target = tmp_path / "target.gguf"
     export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
@@ -364,7 +364,7 @@ def test_a_grown_draft_computes_what_it_computed_until_trained(soft_checkpoint):
     import torch
     from transformers import LlamaForCausalLM
 
-    from edgespec.models.distill import grow
+    from edgespec.train.distill import grow
 
     model = LlamaForCausalLM.from_pretrained(soft_checkpoint, dtype=torch.float32)
     grown, layout = grow(model, 7)
@@ -383,7 +383,7 @@ def test_a_refused_export_keeps_the_trained_draft_and_its_report(soft_checkpoint
     error says how to export it, and no draft GGUF is written."""
     from edgespec import export as export_module
     from edgespec.export import export
-    from edgespec.models.distill import distill
+    from edgespec.train.distill import distill
 
     target = tmp_path / "target.gguf"
     export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)
@@ -409,9 +409,9 @@ def test_a_subset_drafts_loss_is_its_cross_entropy_over_the_subset(soft_checkpoi
     import torch
     from transformers import LlamaForCausalLM
 
-    from edgespec.models.corpus import Sequence
-    from edgespec.models.distill import _loss
-    from edgespec.models.eagle import subset_positions
+    from edgespec.train.corpus import Sequence
+    from edgespec.train.distill import _loss
+    from edgespec.train.eagle import subset_positions
 
     model = LlamaForCausalLM.from_pretrained(soft_checkpoint, dtype=torch.float32)
     rng = np.random.default_rng(0)

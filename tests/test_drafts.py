@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 from fake import FakeBackend, make_vocab, random_table
 
+from edgespec.backends.protocol import Vocab, check_compatible, common_prefix, sync
+from edgespec.drafts.base import ModelDrafter
+from edgespec.drafts.ngram import lookup
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Vocab, check_compatible, common_prefix, sync
-from edgespec.runtime.drafts import ModelDrafter
-from edgespec.runtime.ngram import lookup
 
 
 def test_lookup_prefers_the_longest_then_latest_match():

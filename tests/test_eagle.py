@@ -5,9 +5,9 @@ import pytest
 from fake import EOS, FakeBackend, random_table
 from test_loop import check_target_law, random_gates
 
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
 from edgespec.errors import EdgespecError
-from edgespec.runtime.eagle import WEIGHTS, EagleDrafter, EagleHead, eagle_bytes, load_eagle, save_eagle
-from edgespec.runtime.sampling import SamplingParams
 
 # the shipped head's acceptance on the default model at a fixed draft length of 3, on every third bench prompt: over
 # 0.25 alone, 0.24 behind prompt lookup (which takes the easy repeats); an untrained head is accepted at about 0
@@ -57,7 +57,7 @@ def test_training_replays_drafting_exactly():
     """The torch head's step s at position t equals drafting s tokens with the runtime head from the real
     entries before t-s+2: training-time test trains what runs."""
     torch = pytest.importorskip("torch")
-    from edgespec.models.eagle import _torch_head
+    from edgespec.train.eagle import _torch_head
 
     rng = np.random.default_rng(1)
     weights, meta = random_head(rng, 16, n_head=4, n_head_kv=2, n_ff=24)
@@ -135,7 +135,7 @@ def test_the_head_in_llama_cpp_computes_what_the_numpy_head_does(weight_type, rt
     """Entries, a drafted chain, a truncation and more entries through GgmlHead (grouped-query attention,
     RoPE at later positions) give NumpyHead's states and logits: float32 weights to rounding, f16 and q8_0
     weights within their precision (relative to the largest value)."""
-    from edgespec.runtime.eagle import GgmlHead, NumpyHead
+    from edgespec.drafts.eagle import GgmlHead, NumpyHead
 
     rng = np.random.default_rng(3)
     e, s = 64, 96
@@ -198,9 +198,9 @@ def test_eagle_files_are_checked(tmp_path):
 def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(default_gguf, default_corpus,
                                                                                tmp_path):
     from edgespec.api import load, plan_for
-    from edgespec.models.corpus import read_corpus
-    from edgespec.models.eagle import fit_eagle
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.train.corpus import read_corpus
+    from edgespec.train.eagle import fit_eagle
 
     _, seqs = read_corpus(default_corpus)
     backend = LlamaBackend(default_gguf, n_ctx=16)

@@ -6,11 +6,11 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.export import export, export_pair, parity
 from edgespec.export import gguf as gguf_export
-from edgespec.runtime.llama_backend import LlamaBackend
 
 
 def only_outputs(folder):

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgespec.backends.onnx.backend import OnnxBackend
 from edgespec.errors import EdgespecError
 from edgespec.export import onnx as onnx_export
 from edgespec.export import parity
 from edgespec.export.hf import HFModel
 from edgespec.export.onnx import ONNX_QUANTS, export_onnx
 from edgespec.export.parity import BackendModel
-from edgespec.runtime.onnx_backend import OnnxBackend
 
 
 def leftovers(parent: Path) -> list[str]:
@@ -205,7 +205,7 @@ def test_every_quantization_returns_hidden_states_and_heads_read_its_output_laye
     """The hidden-state output survives each quantizer. Heads read the output layer from float weights: fp32 and
     fp16 keep them, int4 keeps the tied embedding table float (the tiny model ties them), int8 quantizes both
     and is refused for heads with a clear error."""
-    from edgespec.runtime.onnx_backend import output_matrix
+    from edgespec.backends.onnx.weights import output_matrix
 
     folder = tiny_exports[quant]["path"]
     backend = OnnxBackend(folder, n_ctx=64, hidden=True)

@@ -5,9 +5,9 @@ import pytest
 from fake import EOS, FakeBackend, random_table
 from test_loop import check_target_law, random_gates
 
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.heads import MedusaDrafter, load_heads, medusa_states, save_heads
 from edgespec.errors import EdgespecError
-from edgespec.runtime.heads import MedusaDrafter, load_heads, medusa_states, save_heads
-from edgespec.runtime.sampling import SamplingParams
 
 V = 5
 
@@ -127,11 +127,11 @@ def test_heads_files_are_checked(tmp_path):
 @pytest.mark.slow
 def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gguf, default_corpus, tmp_path):
     from edgespec.api import load
-    from edgespec.models.corpus import read_corpus
-    from edgespec.models.eagle import answer_subset
-    from edgespec.models.heads import train_medusa
-    from edgespec.runtime.heads import output_matrix
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.drafts.heads import output_matrix
+    from edgespec.train.corpus import read_corpus
+    from edgespec.train.eagle import answer_subset
+    from edgespec.train.heads import train_medusa
 
     _, seqs = read_corpus(default_corpus)
     output = output_matrix(default_gguf)
@@ -176,7 +176,7 @@ def test_the_output_layer_is_read_from_the_header_in_blocks_or_as_a_view(default
     import gguf
     from gguf.quants import dequantize
 
-    from edgespec.runtime.heads import output_matrix
+    from edgespec.drafts.heads import output_matrix
 
     tensor = next(t for t in gguf.GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
     expected = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)

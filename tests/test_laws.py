@@ -1,4 +1,4 @@
-"""The fast rule (runtime/laws.py) against the reference (sampling.to_probs, sampling.sample, verify.verify).
+"""The fast rule (decode/laws.py) against the reference (sampling.to_probs, sampling.sample, verify.verify).
 
 Where the result is deterministic (greedy, or the same uniforms) the fast path must give the reference's token;
 the only differences allowed are float rounding at a CDF step (float32 weights against float64 rows), and the
@@ -11,10 +11,10 @@ import pytest
 from stats_util import ALPHA, goodness_of_fit
 from test_verify import DRAFT, TARGET, target_instead_of_residual
 
-from edgespec.runtime import laws, rule
-from edgespec.runtime.ngram import NgramIndex, lookup
-from edgespec.runtime.sampling import SamplingParams, sample, to_probs
-from edgespec.runtime.verify import residual, verify
+from edgespec.decode import laws, rule
+from edgespec.decode.sampling import SamplingParams, sample, to_probs
+from edgespec.decode.verify import residual, verify
+from edgespec.drafts.ngram import NgramIndex, lookup
 
 PARAMS = [SamplingParams(0.7), SamplingParams(0.7, top_p=0.95), SamplingParams(1.0, top_p=0.5),
           SamplingParams(0.7, top_k=40, top_p=0.95), SamplingParams(0.7, min_p=0.05),

@@ -9,12 +9,12 @@ from fake import EOS, FakeBackend, deterministic_table, random_table
 from stats_util import ALPHA, goodness_of_fit
 from test_verify import target_instead_of_residual
 
+from edgespec.decode import rule as rule_module
+from edgespec.decode.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.base import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
-from edgespec.runtime import rule as rule_module
-from edgespec.runtime.cost import CONFIDENCE_BINS, EMA, DraftController, DraftGate
-from edgespec.runtime.drafts import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.loop import Stats, speculate
-from edgespec.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 V = 6
@@ -139,7 +139,7 @@ def test_seed_reproducibility():
 
 def markov_law(table, params, start, n):
     """Exact law of the next n tokens of the target chain after `start` (EOS made impossible)."""
-    from edgespec.runtime.sampling import to_probs
+    from edgespec.decode.sampling import to_probs
 
     probs = to_probs(table, params)
     law = {}
@@ -185,7 +185,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
     for trees)."""
     from test_verify import judged_with_replacement
 
-    from edgespec.runtime import verify as verify_module
+    from edgespec.decode import verify as verify_module
 
     if broken and width == 1:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
@@ -248,7 +248,7 @@ def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
     """The gate may end a chain on what the draft thought before drawing a token, never on the token drawn: a
     confidence that is the draft's probability of its own draw keeps likely draws more often than the draft
     law says, and the output law moves off the target's; the check above sees it."""
-    from edgespec.runtime import drafts as drafts_module
+    from edgespec.drafts import base as drafts_module
 
     rng = np.random.default_rng(5)
     t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
@@ -418,7 +418,7 @@ class MarkovTreeDrafter(Drafter):
         self.table = np.asarray(table, dtype=np.float64)
 
     def propose_tree(self, context, k, width, params, rng):
-        from edgespec.runtime.drafts import chain_with_siblings
+        from edgespec.drafts.base import chain_with_siblings
 
         return chain_with_siblings(self.table[context[-1]], lambda token, i: self.table[token], k, width, params,
                                    rng, self.table.shape[0])

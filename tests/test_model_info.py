@@ -1,4 +1,4 @@
-"""Model facts from headers (runtime.model_info) against the reference readers: gguf-py, llama.cpp, onnx."""
+"""Model facts from headers (backends.model_info) against the reference readers: gguf-py, llama.cpp, onnx."""
 
 import json
 import math
@@ -7,8 +7,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from edgespec.backends.model_info import read_gguf_header, read_model_info, read_onnx_graph
 from edgespec.errors import EdgespecError
-from edgespec.runtime.model_info import read_gguf_header, read_model_info, read_onnx_graph
 
 GGUF_FIXTURES = ["default_gguf", "q4_0_gguf"]
 
@@ -54,7 +54,7 @@ def test_gguf_scalar_metadata_equals_gguf_py(gguf_pair):
 
 @pytest.mark.parametrize("fixture", GGUF_FIXTURES)
 def test_gguf_weight_bytes_equal_llama_cpp_model_size(request, fixture):
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     path = request.getfixturevalue(fixture)
     backend = LlamaBackend(path, n_ctx=256)
@@ -212,7 +212,7 @@ def _load_without_data(path):
 
 
 def test_onnx_export_folder_info(onnx_export):
-    from edgespec.runtime.planner import kv_bytes
+    from edgespec.plan.planner import kv_bytes
 
     folder, _ = onnx_export
     info = read_model_info(folder)

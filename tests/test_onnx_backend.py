@@ -10,14 +10,16 @@ from conftest import CORPUS_PROMPTS
 from stats_util import ALPHA, two_sample
 
 from edgespec.api import Engine
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.backends.onnx import backend as onnx_backend
+from edgespec.backends.onnx.backend import MAX_OUTPUTS, OnnxBackend
+from edgespec.backends.onnx.vocab import eog_ids, piece
+from edgespec.backends.onnx.weights import export_facts, output_matrix
 from edgespec.bench import read_prompts
+from edgespec.decode.cost import DraftController
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
 from edgespec.export import export
-from edgespec.runtime import onnx_backend
-from edgespec.runtime.cost import DraftController
-from edgespec.runtime.drafts import ModelDrafter, PromptLookupDrafter
-from edgespec.runtime.llama_backend import LlamaBackend
-from edgespec.runtime.onnx_backend import MAX_OUTPUTS, OnnxBackend, eog_ids, piece
 
 REPEATING = "red green blue, red green blue, red green blue, red green"  # prompt lookup finds matches
 TEXTS = ["Hello world 12345, it's 3.14!", "<|im_start|>user\nHi there<|im_end|>\n", "café, naïve, 😀 and ünïcödé",
@@ -120,7 +122,7 @@ def test_hidden_states_are_what_the_output_layer_reads(tiny_onnx, cache, monkeyp
 
         backend._cache = onnx_backend.DeviceCache(onnxruntime, backend._session, backend._graph,
                                                   ("logits", onnx_backend.HIDDEN_OUTPUT), "cpu")
-    output = onnx_backend.output_matrix(tiny_onnx)  # [V, E]
+    output = output_matrix(tiny_onnx)  # [V, E]
     assert output.shape == (backend.vocab.n_vocab, backend.n_embd) == (49152, 64)
     ids = token_ids(backend, 30)
     backend.forward(ids[:12], 0)
@@ -151,8 +153,8 @@ def test_an_export_without_hidden_states_is_refused_for_heads(tiny_onnx, tmp_pat
     assert OnnxBackend(old, n_ctx=64).forward([1, 2, 3], 1).shape == (1, 49152)
     with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
         OnnxBackend(old, n_ctx=64, hidden=True)
-    assert onnx_backend.export_facts(old)["hidden"] is False and onnx_backend.export_facts(tiny_onnx)["hidden"]
-    from edgespec.models.heads import train_heads
+    assert export_facts(old)["hidden"] is False and export_facts(tiny_onnx)["hidden"]
+    from edgespec.train.heads import train_heads
 
     with pytest.raises(EdgespecError, match="does not return hidden states.*export it again"):
         train_heads(old, tmp_path / "h.medusa.npz", corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS, progress=False)
@@ -229,7 +231,7 @@ def test_an_eagle_head_starts_from_the_exports_layer_as_from_the_gguf(tiny_check
     """The layer an EAGLE head starts from, read from an ONNX export (MatMul initializers found by node name,
     q and k rows permuted for llama.cpp's RoPE), equals the f32 GGUF's of the same checkpoint bit for bit (4
     heads, 2 KV heads); a quantized export is refused by name."""
-    from edgespec.models.eagle import layer_weights
+    from edgespec.train.eagle import layer_weights
 
     gguf = tmp_path / "tiny-f32.gguf"
     export(str(tiny_checkpoint), "gguf", "f32", gguf, progress=False, parity=False)
@@ -251,7 +253,7 @@ def test_heads_train_on_an_onnx_exports_hidden_states(tiny_onnx, tmp_path, kind)
     """train-heads on an export folder: the corpus records the export's hidden states, the heads train, load
     for it (and only for a target of its width) and keep greedy output equal to target-only."""
     from edgespec.api import load
-    from edgespec.models.heads import train_heads
+    from edgespec.train.heads import train_heads
 
     out = tmp_path / f"h.{kind}.npz"
     summary = train_heads(tiny_onnx, out, kind=kind, corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS, epochs=2,
@@ -285,7 +287,7 @@ def test_the_default_draft_is_prompt_lookup_where_the_shipped_head_does_not_fit(
     (broken / "model.onnx").write_bytes(b"not a model")
     assert auto_draft(broken) == "ngram"  # the target's own load says what is wrong
     with pytest.raises(EdgespecError, match="is not an ONNX model onnx can read"):
-        onnx_backend.output_matrix(broken)
+        output_matrix(broken)
 
 
 def test_context_overflow_is_an_error_that_keeps_the_cache(tiny_onnx):
@@ -426,7 +428,7 @@ def test_providers(tiny_onnx, monkeypatch):
 
 
 def test_runtime_libraries_are_imported_only_when_used():
-    code = ("import sys, edgespec, edgespec.runtime.onnx_backend; "
+    code = ("import sys, edgespec, edgespec.backends.onnx.backend; "
             "print(sorted({'onnxruntime', 'tokenizers', 'onnx'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
@@ -527,7 +529,7 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
     """The EAGLE head that ships (trained on llama.cpp's hidden states) on the ONNX export of the same checkpoint:
     the export's hidden states and output layer equal the f32 GGUF's, and greedy output equals target-only."""
     from edgespec.api import auto_draft, load
-    from edgespec.runtime.heads import output_matrix
+    from edgespec.drafts.heads import output_matrix
 
     assert auto_draft(smollm2_onnx) == "ngram+eagle"  # the default draft here: bench measured it faster
     gguf = LlamaBackend(smollm2_f32_gguf, n_ctx=256, hidden=True)
@@ -561,7 +563,7 @@ def test_an_eagle_head_trains_on_the_real_export(smollm2_onnx, tmp_path):
     test above holds the reading to that bit for bit), trains on the export's states, and keeps greedy output
     equal to target-only."""
     from edgespec.api import load
-    from edgespec.models.heads import train_heads
+    from edgespec.train.heads import train_heads
 
     out = tmp_path / "real.eagle.npz"
     summary = train_heads(smollm2_onnx, out, kind="eagle", corpus=tmp_path / "corpus", prompts=CORPUS_PROMPTS,

@@ -16,11 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 import edgespec.api
+from edgespec.backends.model_info import Tensor, read_model_info
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
-from edgespec.runtime.model_info import Tensor, read_model_info
-from edgespec.runtime.plan_report import format_plan, predict, refusal, to_dict
-from edgespec.runtime.planner import (
+from edgespec.plan.planner import (
     DEFAULT_CTX,
     DRAFT_WINDOWS,
     KV_CHOICES,
@@ -35,7 +34,8 @@ from edgespec.runtime.planner import (
     parse_size,
     requantized,
 )
-from edgespec.runtime.profiles import Profile, get_profile, load_profiles
+from edgespec.plan.profiles import Profile, get_profile, load_profiles
+from edgespec.plan.report import format_plan, predict, refusal, to_dict
 
 ENV = ("EDGESPEC_PROFILES", "EDGESPEC_DEVICE", "EDGESPEC_BUDGET", "EDGESPEC_TARGET", "EDGESPEC_DRAFT",
        "EDGESPEC_LLAMA_LOG")
@@ -101,7 +101,7 @@ def test_kv_bytes_arithmetic(default_info):
 
 @pytest.mark.parametrize("kv_type", KV_CHOICES)
 def test_kv_bytes_and_context_equal_llama_cpp(default_gguf, default_info, kv_type):
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     backend = LlamaBackend(default_gguf, n_ctx=1000, kv_type=kv_type)
     try:
@@ -116,7 +116,7 @@ def test_kv_bytes_and_context_equal_llama_cpp(default_gguf, default_info, kv_typ
 # llama.cpp's own log, in a fresh process (its logging is silenced in this one): one load per setting
 _LOG_CHILD = r"""
 import json, os, sys
-from edgespec.runtime.llama_backend import LlamaBackend
+from edgespec.backends.llama.backend import LlamaBackend
 for n_ctx, n_ubatch, kv_type in json.loads(sys.argv[2]):
     os.write(2, f"@@setting {n_ctx} {n_ubatch} {kv_type}\n".encode())
     LlamaBackend(sys.argv[1], n_ctx=n_ctx, n_ubatch=n_ubatch, kv_type=kv_type, n_threads=1).close()
@@ -542,7 +542,8 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
     """Without --device, a llama.cpp build with a GPU loads under the plan for this machine (what fits on the GPU),
     and the placement says where each model runs; --gpu-layers and --cpu override it. This machine's build has
     no GPU, so the GPU is said to be there and the plan's choice is checked, not a GPU's speed."""
-    from edgespec import api, placement
+    from edgespec import api
+    from edgespec.plan import placement
 
     monkeypatch.setattr(placement, "gpu_name", lambda: "CUDA0")
     engine = api.load(draft="ngram")

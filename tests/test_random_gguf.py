@@ -10,8 +10,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_padded_vocabulary_keeps_the_default_tokenizer(tmp_path):
+    from edgespec.backends.llama.backend import LlamaBackend, LlamaTokenizer
     from edgespec.models.default import default_target
-    from edgespec.runtime.llama_backend import LlamaBackend, LlamaTokenizer
 
     path = write_random_gguf(tmp_path / "r.gguf", shape="tiny", n_vocab=152064, dtype="q8_0")
     model, reference = LlamaBackend(path, n_ctx=64, n_threads=1), LlamaTokenizer(default_target())

@@ -143,7 +143,7 @@ def test_truncated_gguf_is_a_clear_error(tmp_path, default_gguf):
 
 def test_draft_with_a_different_vocabulary_is_refused_by_name(tmp_path, default_gguf):
     """A copy of the model with one token's text changed (same length, so the file stays valid)."""
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     old = LlamaBackend(default_gguf, n_ctx=64).vocab.texts[40000]  # 'Ġneoliberal'
     new = old[:-1] + b"X"
@@ -191,7 +191,7 @@ def test_a_tree_pass_gives_each_node_its_branch_and_keeps_one_branch(default_ggu
     """llama.cpp verifies a draft tree in one pass: each node's logits and hidden state are those of its
     branch read as a chain; keeping a branch that is not the tree's first cells (a sibling) and then passing
     more tokens, or another tree, reads what the chain would have."""
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     backend = LlamaBackend(default_gguf, n_ctx=256, hidden=True)
     text = backend.tokenize("The quick brown fox jumps over the lazy dog. Then", special=True)
@@ -253,7 +253,7 @@ def test_a_tree_pass_gives_each_node_its_branch_and_keeps_one_branch(default_ggu
 def test_a_context_of_one_sequence_decodes_as_the_tree_context_and_refuses_trees(default_gguf):
     """sequences=1 (llama-bench's and llama-server's context) gives the same logits as the default context of
     sixteen sequences, and a draft tree, which needs a sequence per branch, is refused with a clear error."""
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     single, default = LlamaBackend(default_gguf, n_ctx=128, sequences=1), LlamaBackend(default_gguf, n_ctx=128)
     try:
@@ -275,9 +275,9 @@ def test_rows_as_views_and_prefetched_passes_decode_as_copies(default_gguf):
     target-only generation whose passes are started before each token is handed out (prefetch, what a GPU
     overlaps) writes the same tokens, at greedy and sampled, as one whose passes are not; a prefetched pass
     nobody collects leaves its token cached and the next call unharmed."""
-    from edgespec.runtime.llama_backend import LlamaBackend
-    from edgespec.runtime.loop import Stats, speculate
-    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.decode.loop import Stats, speculate
+    from edgespec.decode.sampling import SamplingParams
 
     plain, ahead = LlamaBackend(default_gguf, n_ctx=256), LlamaBackend(default_gguf, n_ctx=256, overlap=True)
     try:

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from edgespec.decode.sampling import SamplingParams, sample, to_probs
 from edgespec.errors import EdgespecError
-from edgespec.runtime.sampling import SamplingParams, sample, to_probs
 
 LOGITS = np.log(np.array([0.05, 0.4, 0.3, 0.15, 0.1]))
 

@@ -20,7 +20,7 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
 from edgespec.api import Engine  # noqa: E402
-from edgespec.runtime.drafts import PromptLookupDrafter  # noqa: E402
+from edgespec.drafts.base import PromptLookupDrafter  # noqa: E402
 from edgespec.server import create_app  # noqa: E402
 
 V = 5

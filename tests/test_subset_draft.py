@@ -1,4 +1,4 @@
-"""A draft drafting from a subset of the vocabulary (runtime/subset_draft.py), on the real SmolLM2 model: it
+"""A draft drafting from a subset of the vocabulary (drafts/subset.py), on the real SmolLM2 model: it
 computes what the full draft computes on its tokens, nothing off them, and refuses bad input leaving no file."""
 
 import json
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import edgespec
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.backends.model_info import read_model_info
+from edgespec.drafts.subset import SubsetDraft, read_subset, write_subset
 from edgespec.errors import EdgespecError
-from edgespec.runtime.llama_backend import LlamaBackend
-from edgespec.runtime.model_info import read_model_info
-from edgespec.runtime.subset_draft import SubsetDraft, read_subset, write_subset
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_bad_subsets_and_files_are_refused_leaving_nothing(tmp_path, q4_0_gguf, 
 
 def test_draft_vocab_command_keeps_the_answers_most_probable_tokens(tmp_path, q4_0_gguf, default_corpus):
     """CLI in a subprocess, as a user runs it; the tokens the target answered with are all kept."""
-    from edgespec.models.corpus import read_corpus
+    from edgespec.train.corpus import read_corpus
 
     out = tmp_path / "draft-s.gguf"
     run = subprocess.run([sys.executable, "-m", "edgespec.cli", "draft-vocab", str(q4_0_gguf), "--corpus",

@@ -1,7 +1,7 @@
 import pytest
 
+from edgespec.decode.text import TextStream, render_chat
 from edgespec.errors import EdgespecError
-from edgespec.runtime.text import TextStream, render_chat
 
 
 def test_multibyte_character_split_across_tokens_waits_for_its_last_byte():
@@ -56,3 +56,36 @@ def test_render_chat_errors_are_user_errors():
         render_chat(TEMPLATE, [{"content": "Hi"}])
     with pytest.raises(EdgespecError, match="refused"):
         render_chat("{{ raise_exception('only user turns') }}", [{"role": "user", "content": "Hi"}])
+
+
+def test_render_chat_offers_what_transformers_templates_use():
+    # {% break %}, {% generation %} blocks, strftime_now, and a tojson that keeps key order and leaves <, & as is
+    template = ("{% for m in messages %}{% if m['role'] == 'stop' %}{% break %}{% endif %}"
+                "{% generation %}{{ m['content'] }};{% endgeneration %}{% endfor %}"
+                "{{ tools | tojson }}|{{ {'b': 'é'} | tojson(indent=1) }}|{{ strftime_now('%Y') | length }}")
+    messages = [{"role": "user", "content": "a"}, {"role": "stop", "content": "b"}, {"role": "user", "content": "c"}]
+    text = render_chat(template, messages, tools=[{"z": "<x> & y", "a": 1}])
+    assert text == 'a;[{"z": "<x> & y", "a": 1}]|{\n "b": "é"\n}|4'
+
+
+def test_render_chat_passes_generation_prompt_tools_and_template_variables():
+    template = ("{{ tools is defined }} {{ tools is none }} {{ documents is none }} {{ enable_thinking }}"
+                "{% if add_generation_prompt %} open{% endif %}")
+    messages = [{"role": "user", "content": "Hi"}]
+    assert render_chat(template, messages, enable_thinking=False) == "True True True False open"
+    assert render_chat(template, messages, add_generation_prompt=False, enable_thinking=1) == "True True True 1"
+
+
+def test_a_set_inside_a_generation_block_stays_inside():
+    template = "{% generation %}{% set x = 1 %}{{ x }}{% endgeneration %}[{{ x }}]"
+    assert render_chat(template, [{"role": "user", "content": "Hi"}]) == "1[]"
+
+
+@pytest.mark.parametrize("template, content", [
+    ("{% for m in messages %}{{ m['content'] + '!' }}{% endfor %}", None),  # None + str: a TypeError
+    ("{% for m in messages %}{{ m['content'] }}", "Hi"),  # no endfor: a syntax error
+    ("{{ messages[0]['content'].upper() + messages[5]['content'].upper() }}", "Hi"),  # undefined
+])
+def test_a_template_that_breaks_on_the_messages_is_a_user_error(template, content):
+    with pytest.raises(EdgespecError, match="chat template failed"):
+        render_chat(template, [{"role": "user", "content": content}])

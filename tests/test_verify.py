@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stats_util import ALPHA, goodness_of_fit
 
-from edgespec.runtime.sampling import sample
-from edgespec.runtime.verify import acceptance_prob, residual, verify
+from edgespec.decode.sampling import sample
+from edgespec.decode.verify import acceptance_prob, residual, verify
 
 
 def distributions(n_vocab):
@@ -72,7 +72,7 @@ def without_residual(target_probs, draft_probs, draft_tokens, rng):
 
 
 def target_instead_of_residual(target, draft, token, n_vocab):
-    """The same wrong rule on laws (runtime/rule.residual's place): after a rejection, the target's own law."""
+    """The same wrong rule on laws (decode/rule.residual's place): after a rejection, the target's own law."""
     return target
 
 
@@ -161,7 +161,7 @@ def draw_distinct(law, m, rng):
 
 
 def test_several_candidates_monte_carlo():
-    from edgespec.runtime.verify import verify_candidates
+    from edgespec.decode.verify import verify_candidates
 
     rng = np.random.default_rng(11)
     target, draft = np.array([0.5, 0.25, 0.15, 0.1]), np.array([0.1, 0.2, 0.3, 0.4])
@@ -180,7 +180,7 @@ def test_several_candidates_monte_carlo():
 def test_greedy_candidates_are_the_top_tokens_of_a_one_hot_law():
     """Greedy drafting names the top m tokens, all but one outside the one-hot draft law: the target's
     argmax is accepted wherever it stands among them, and nothing else is."""
-    from edgespec.runtime.verify import verify_candidates
+    from edgespec.decode.verify import verify_candidates
 
     rng = np.random.default_rng(0)
     target, draft = np.eye(5)[3], np.eye(5)[1]
@@ -200,7 +200,7 @@ Q1 = np.array([[0.4, 0.1, 0.1, 0.4], [0.1, 0.1, 0.7, 0.1], [0.3, 0.3, 0.2, 0.2],
 def two_tokens_through_a_tree(rng):
     """The first two tokens of a text whose first round verifies a draft tree; when the round emits one
     token, the second comes from the target as the next round would."""
-    from edgespec.runtime.verify import verify_tree
+    from edgespec.decode.verify import verify_tree
 
     first = draw_distinct(Q0, 2, rng)
     second = draw_distinct(Q1[first[0]], 2, rng)
@@ -229,7 +229,7 @@ def judged_with_replacement(target_row, draft_row, candidates, rng):
 def test_a_draft_tree_emits_the_target_law_of_two_tokens(monkeypatch, broken):
     """Monte Carlo over the joint law of two tokens; judging distinct candidates by the full draft law (the
     rule for i.i.d. candidates) is caught."""
-    from edgespec.runtime import verify as verify_module
+    from edgespec.decode import verify as verify_module
 
     if broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)

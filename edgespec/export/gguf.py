@@ -94,8 +94,8 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
 
 def quantize(src: Path, dst: Path, quant: str, n_params: int, progress: bool) -> None:
     """llama.cpp's quantizer (it releases the GIL, so the bar's thread keeps running)."""
+    from edgespec.backends.llama.lib import partial_path, quantize_gguf
     from edgespec.export.progress import watch_file
-    from edgespec.runtime.llama_lib import partial_path, quantize_gguf
 
     with watch_file(partial_path(dst), n_params * GGUF_QUANTS[quant] / 8, f"quantizing to {quant}", progress):
         quantize_gguf(src, dst, quant)
@@ -103,7 +103,7 @@ def quantize(src: Path, dst: Path, quant: str, n_params: int, progress: bool) ->
 
 def gguf_parity(source: Source, exported: Path, quant: str) -> dict:
     """Parity of an exported GGUF with its source checkpoint (transformers) or source GGUF (llama.cpp)."""
-    from edgespec.runtime.llama_backend import LlamaBackend
+    from edgespec.backends.llama.backend import LlamaBackend
 
     if source.kind == "hf":
         from edgespec.export.hf import HFModel

@@ -21,13 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edgespec.backends.onnx.backend import HIDDEN_OUTPUT, OnnxBackend
+from edgespec.backends.onnx.weights import logits_matmul
 from edgespec.errors import EdgespecError
 from edgespec.export import files
 from edgespec.export.files import count_params, ensure_disk
 from edgespec.export.hf import HFModel, read_config
 from edgespec.export.parity import BackendModel, check, run_parity, write_report
 from edgespec.models.source import Source
-from edgespec.runtime.onnx_backend import HIDDEN_OUTPUT, OnnxBackend, logits_matmul
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 MODEL_FILE = "model.onnx"

@@ -10,9 +10,9 @@ import json
 import os
 from pathlib import Path
 
+from edgespec.backends.protocol import Vocab, check_compatible
 from edgespec.errors import EdgespecError
 from edgespec.models.source import Source
-from edgespec.runtime.backend import Vocab, check_compatible
 
 MANIFEST_VERSION = 1
 

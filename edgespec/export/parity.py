@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from edgespec.backends.protocol import Backend, forward_rows
 from edgespec.errors import EdgespecError
-from edgespec.runtime.backend import Backend, forward_rows
 
 PARITY_PROMPTS = [
     "The capital of France is",
@@ -118,8 +118,8 @@ class BackendModel:
         return np.concatenate(rows)
 
     def greedy(self, ids, n):
-        from edgespec.runtime.loop import speculate
-        from edgespec.runtime.sampling import SamplingParams
+        from edgespec.decode.loop import speculate
+        from edgespec.decode.sampling import SamplingParams
 
         events = speculate(self.backend, None, None, ids, SamplingParams(), np.random.default_rng(0), max_tokens=n)
         return [e.token for e in events if e.token is not None]

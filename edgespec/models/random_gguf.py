@@ -84,7 +84,7 @@ def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n
     try:
         _write(tmp, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types, gguf)
         if dtype in ("q8_0", "q4_0"):
-            from edgespec.runtime.llama_lib import quantize_gguf
+            from edgespec.backends.llama.lib import quantize_gguf
 
             quantize_gguf(tmp, path, dtype)
         else:

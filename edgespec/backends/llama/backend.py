@@ -1,0 +1,397 @@
+"""GGUF models through llama-cpp-python's low-level API (llama_lib.py loads the library).
+
+One model, one context, one sequence. `forward` builds a llama_batch that asks for logits only at
+the positions the caller needs, and the context's output buffer is capped at MAX_OUTPUTS rows, so
+neither llama.cpp nor we hold n_ctx x n_vocab floats. Rollback is `llama_memory_seq_rm`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from edgespec.backends.llama.lib import KV_TYPES, check_gguf_file, logits_address
+from edgespec.backends.llama.lib import lib as _lib
+from edgespec.backends.llama.model import LlamaHandles, LlamaTokenizer, chat_template_of, read_vocab, tokenize_text
+from edgespec.backends.protocol import MAX_OUTPUTS, check_forward
+from edgespec.errors import EdgespecError
+
+__all__ = ["LlamaBackend", "LlamaTokenizer"]  # the tokenizer alone, importable from here as before
+
+
+class LlamaBackend(LlamaHandles):
+    """A GGUF model and its KV cache. See edgespec.backends.protocol.Backend for the contract."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
+                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None):
+        """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
+        each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
+        prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
+        queued; on the CPU it returns when the pass is done, so starting it early gains nothing)."""
+        path = check_gguf_file(path)
+        if not 1 <= sequences <= MAX_OUTPUTS:
+            raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
+        if kv_type not in KV_TYPES:
+            raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
+        lib = _lib()
+        self.name = path.name
+        self.path = path
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load {path}: the GGUF is corrupt, truncated or "
+                                "of an architecture this llama.cpp build does not know")
+        n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        cparams = lib.llama_context_default_params()
+        n_ctx_train = lib.llama_model_n_ctx_train(self._model)
+        cparams.n_ctx = n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(n_ubatch, n_ctx)
+        # a quantized V cache needs flash attention; llama.cpp's "auto" turns it on where the device has it
+        cparams.type_k = cparams.type_v = getattr(lib, KV_TYPES[kv_type])
+        # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
+        # branches share are cells of several sequences in one unified cache (forward_tree)
+        cparams.n_seq_max = sequences
+        cparams.kv_unified = sequences > 1
+        cparams.n_outputs_max = MAX_OUTPUTS
+        cparams.n_threads = cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        # hidden: llama.cpp also returns the final (normed) hidden state of every row with logits,
+        # what draft heads read; without pooling it costs one extra [n_outputs, n_embd] buffer
+        cparams.embeddings = hidden
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._vocab_p = lib.llama_model_get_vocab(self._model)
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = lib.llama_n_batch(self._ctx)
+        self.n_threads = n_threads
+        self.kv_type, self.n_gpu_layers = kv_type, n_gpu_layers
+        self.vocab = read_vocab(self._vocab_p)
+        self.tokens: list[int] = []
+        self.hidden = hidden
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self.n_layer = lib.llama_model_n_layer(self._model)
+        self.last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, if hidden
+        self._batch = lib.llama_batch_init(self.n_batch, 0, MAX_OUTPUTS)
+        self._tree: tuple | None = None  # a tree forward_tree left for keep_branch: (tokens, sequences, hidden)
+        self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
+        self._logits_address = logits_address()
+        self._logits: tuple[int, np.ndarray] | None = None  # llama.cpp's output buffer: (address, a view of it)
+        self.sequences = sequences
+        if overlap is None:
+            from edgespec.backends.llama.lib import gpu_name
+
+            overlap = n_gpu_layers > 0 and gpu_name() is not None
+        self.overlap = overlap
+        self._ahead = False  # a pass prefetch started, whose rows collect has not read
+
+    def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
+        """See Backend.forward. copy=False: where the pass fits one batch, the rows are a read-only view of
+        llama.cpp's output buffer, valid until this backend's next forward (a 600 KB copy saved per token at a
+        152k vocabulary)."""
+        lib = _lib()
+        self._settle()
+        if self._pending:  # tokens a kept tree branch still owes the cache go first, in the same pass
+            tokens = [*self._pending, *tokens]
+            del self.tokens[len(self.tokens) - len(self._pending):]
+            self._pending = []
+        n = len(tokens)
+        check_forward(self, n, n_logits, MAX_OUTPUTS)
+        if self.hidden and 0 < n_logits < n and n > MAX_OUTPUTS:
+            # with embeddings on, llama.cpp outputs every token of a batch (an assert aborts past
+            # n_outputs_max): run the rows without logits with them off, then the rest with them on. Up to
+            # MAX_OUTPUTS rows (a verify pass after a kept tree branch) share one pass, all rows out.
+            self.forward(tokens[:n - n_logits], 0)
+            return self.forward(tokens[n - n_logits:], n_logits, copy=copy)
+        with_hidden = self.hidden and n_logits > 0
+        if self.hidden:
+            lib.llama_set_embeddings(self._ctx, with_hidden)
+        view = not copy and n <= self.n_batch
+        out = None if view else np.empty((n_logits, self.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+        hidden = np.empty((n_logits, self.n_embd), dtype=np.float32) if with_hidden else None  # [n_logits, E]
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            first_out = n - n_logits - start  # index in this chunk of the first position with logits
+            try:
+                if first_out == len(chunk) - 1 and not with_hidden:  # the last row alone: a decoding step
+                    self._decode_step(chunk)
+                else:
+                    self._decode([(tok, len(self.tokens) + j, 0, j >= first_out or with_hidden)
+                                  for j, tok in enumerate(chunk)])
+            except EdgespecError:
+                self.rollback(len(self.tokens))  # drop whatever part of the chunk got in
+                raise
+            self.tokens.extend(chunk)
+            tail = len(chunk) - max(first_out, 0)  # the chunk's last rows, the ones asked for
+            if tail > 0:
+                # llama.cpp's output buffer holds the rows in batch order; with hidden states on, every row of
+                # the chunk has an output and the ones asked for are its last
+                n_out = len(chunk) if with_hidden else tail
+                rows = self._output_rows(n_out)[n_out - tail:]
+                if view:
+                    out = rows
+                else:
+                    at = start + max(first_out, 0) - (n - n_logits)
+                    out[at:at + tail] = rows
+            for j in range(max(first_out, 0), len(chunk)) if hidden is not None else ():
+                row = lib.llama_get_embeddings_ith(self._ctx, j)
+                hidden[start + j - (n - n_logits)] = np.ctypeslib.as_array(row, shape=(self.n_embd,))
+        self.last_hidden = hidden
+        return out if out is not None else np.empty((0, self.vocab.n_vocab), dtype=np.float32)
+
+    def placement(self) -> dict:
+        """Where the model runs: llama.cpp's GPU device (None: the CPU) and the layers on it, out of the
+        repeating layers plus the output layer (the planner's count)."""
+        from edgespec.backends.llama.lib import gpu_name
+
+        gpu = gpu_name()
+        on_gpu = min(self.n_gpu_layers, self.n_layer + 1) if gpu and self.n_gpu_layers > 0 else 0
+        return {"runtime": "llama.cpp", "device": gpu if on_gpu else "cpu", "gpu_layers": on_gpu,
+                "layers": self.n_layer + 1}
+
+    def prefetch(self, tokens: Sequence[int]) -> bool:
+        """Start a forward of tokens (one row of logits, the last token's) without waiting for it, where
+        `overlap`: the caller's own work on the token before (text, stats, its consumer) then runs while the
+        device computes, and collect returns the rows. The tokens are in `tokens` from here on, as after a
+        forward; any other call discards the rows. Returns whether a pass was started."""
+        self._settle()
+        if not self.overlap or self.hidden or self._pending or self._tree is not None or not tokens \
+                or len(tokens) > self.n_batch or len(self.tokens) + len(tokens) > self.n_ctx:
+            return False
+        try:
+            self._decode_step(tokens)
+        except EdgespecError:
+            self.rollback(len(self.tokens))
+            raise
+        self.tokens.extend(tokens)
+        self._ahead = True
+        return True
+
+    def collect(self) -> np.ndarray:
+        """The rows [1, V] of the pass prefetch started (waiting for it): a read-only view of llama.cpp's
+        output buffer, valid until this backend's next pass."""
+        if not self._ahead:
+            raise RuntimeError("collect without a pass that prefetch started")
+        self._ahead = False
+        return self._output_rows(1)  # llama_get_logits waits for the pass
+
+    def _settle(self) -> None:
+        """Wait for a pass prefetch started whose rows nobody will read: its tokens stay in the cache."""
+        if self._ahead:
+            self._ahead = False
+            _lib().llama_synchronize(self._ctx)
+
+    def _output_rows(self, n_out: int) -> np.ndarray:
+        """The last decode's logits rows [n_out, V], a read-only view of llama.cpp's output buffer (valid until
+        the next decode), made again only when llama.cpp moves the buffer."""
+        address = self._logits_address(self._ctx)
+        if self._logits is None or self._logits[0] != address:
+            n_vocab = self.vocab.n_vocab
+            buffer = (ctypes.c_float * (MAX_OUTPUTS * n_vocab)).from_address(address)
+            rows = np.frombuffer(buffer, dtype=np.float32).reshape(MAX_OUTPUTS, n_vocab)
+            rows.flags.writeable = False
+            self._logits = (address, rows)
+        return self._logits[1][:n_out]
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """One pass over a tree of tokens after the cache: tokens[0] (parent -1) follows the cached text, every
+        other token follows its parent; each attends to the text and its own ancestors only. Returns logits
+        [n, V] for every token (and their hidden states in last_hidden); the cache holds the tree until
+        keep_branch keeps one branch of it.
+
+        Leaf j's branch is sequence j + 1, which first shares the text's cells (sequence 0); a token belongs to
+        the sequences of the leaves below it, at the position of its depth. Tokens the cache still owes
+        (_pending) go first in the same pass, on every sequence."""
+        lib, n = _lib(), len(tokens)
+        check_forward(self, n, n, MAX_OUTPUTS)
+        self._settle()
+        if self._tree is not None:
+            raise RuntimeError("keep_branch must follow forward_tree before another pass")
+        depth, has_child = [], [False] * n
+        for i, parent in enumerate(parents):
+            if (parent < 0) != (i == 0) or parent >= i:
+                raise ValueError(f"token {i} has parent {parent}: the first token is the root, nodes follow parents")
+            depth.append(0 if i == 0 else depth[parent] + 1)
+            if parent >= 0:
+                has_child[parent] = True
+        if n - sum(has_child) + 1 > self.sequences:  # a sequence per branch, and the text's
+            raise EdgespecError(f"{self.name} was opened with {self.sequences} sequence(s): a draft tree of "
+                                f"{n - sum(has_child)} branches needs one more than that")
+        if self._pending and (self.hidden and len(self._pending) + n > MAX_OUTPUTS
+                              or len(self._pending) + n > self.n_batch):
+            # with embeddings on, llama.cpp outputs every row of a pass, and aborts past MAX_OUTPUTS
+            self.forward([], 0)  # writes the owed tokens alone
+        owed, self._pending = self._pending, []
+        del self.tokens[len(self.tokens) - len(owed):]
+        seqs: list[list[int]] = [[0]] + [[] for _ in range(n - 1)]  # the root also continues the text
+        for seq, leaf in enumerate((i for i in range(n) if not has_child[i]), start=1):
+            lib.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
+            node = leaf
+            while node >= 0:
+                seqs[node].append(seq)
+                node = parents[node]
+        everyone = sorted({seq for row in seqs for seq in row})
+        self._tree = (list(tokens), seqs, None)  # from here on, keep_branch or rollback clears the branches
+        if self.hidden:
+            lib.llama_set_embeddings(self._ctx, True)
+        base = len(self.tokens)
+        rows = [(tok, base + j, everyone, False) for j, tok in enumerate(owed)]
+        rows += [(tok, base + len(owed) + depth[j], seqs[j], True) for j, tok in enumerate(tokens)]
+        try:
+            self._decode(rows)
+        except EdgespecError:
+            self.rollback(len(self.tokens))
+            raise
+        self.tokens.extend(owed)
+        out = np.empty((n, self.vocab.n_vocab), dtype=np.float32)  # [n, V]
+        hidden = np.empty((n, self.n_embd), dtype=np.float32) if self.hidden else None  # [n, E]
+        for j in range(n):
+            out[j] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, len(owed) + j),
+                                           shape=(self.vocab.n_vocab,))
+            if hidden is not None:
+                hidden[j] = np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, len(owed) + j),
+                                                  shape=(self.n_embd,))
+        self._tree = (list(tokens), seqs, hidden)
+        self.last_hidden = hidden
+        return out
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        """After forward_tree: keep the tokens of `path` (indices from the root, path[0] == 0) after the
+        cached text and drop the rest of the tree; last_hidden becomes the path's rows.
+
+        The branch's cells stay where the tree put them only while they are the tree's first cells (the root
+        and the nodes written right after it): a later token must not land in a hole before a kept cell
+        (measured: llama.cpp's next pass then reads other values, 1.7 % off in the logits). The rest of the
+        branch is owed (_pending): self.tokens has it, and the next pass writes it first."""
+        if self._tree is None:
+            raise RuntimeError("keep_branch without a tree from forward_tree")
+        tokens, seqs, hidden = self._tree
+        if not path or path[0] != 0:
+            raise ValueError(f"a kept branch starts at the root, got {list(path)}")
+        in_place = next((i for i, node in enumerate(path) if node != i), len(path))  # the root and its run
+        base = len(self.tokens)
+        if in_place > 1:  # the root is in sequence 0 already; the nodes after it join it from their branch
+            branch = next(seq for seq in seqs[path[in_place - 1]] if seq > 0)
+            _lib().llama_memory_seq_cp(self._mem, branch, 0, base + 1, base + in_place)
+        self._drop_branches()
+        self.tokens.extend(tokens[i] for i in path)
+        self._pending = [tokens[i] for i in path[in_place:]]
+        self.last_hidden = hidden[list(path)] if hidden is not None else None
+
+    def _drop_branches(self) -> None:
+        if self._tree is not None:
+            n_branches = max(seq for seqs in self._tree[1] for seq in seqs)
+            for seq in range(1, n_branches + 1):
+                _lib().llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._tree = None
+
+    def answer_many(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                    pick: Callable[[int, np.ndarray], int], *, streams: int = MAX_OUTPUTS,
+                    on_answer: Callable[[int, list[int], bool], None] | None = None) -> list[tuple[list[int], bool]]:
+        """Plain decoding of many prompts at once, for corpora: up to `streams` of them share every decoding pass
+        (a pass reads the weights once however many rows it has, so on a bandwidth-bound device N rows cost far
+        less than N passes), and a prompt that ends makes room for the next. pick(i, logits [V]) chooses prompt
+        i's next token. Returns, per prompt, its answer and whether it ended on an end-of-generation token (which
+        the answer leaves out); on_answer(i, answer, ended_on_eog) is called as each prompt ends.
+
+        The passes are shaped like a single generation's, so llama.cpp runs the same kernels: a prompt but its last
+        token is prefilled in a pass of its own, then every pass has one row per stream. (It computes passes of 64
+        rows or more with other kernels: mixing prefills into decoding passes moved a quantized model's logits by
+        up to 0.75 and flipped greedy answers.) What remains is rounding: streams share the cache's cells, so
+        attention sums in another order, and a near-tie may flip (tests/test_distill.py measures it).
+
+        Each stream is a sequence of its own in the unified cache, sharing its n_ctx cells: fewer streams run
+        where `streams` of the longest prompt with max_tokens would not fit. The cache is empty before and after."""
+        need = max((len(p) + max_tokens for p in prompts), default=0)
+        if not all(prompts) or need > self.n_ctx:
+            raise EdgespecError(f"a prompt with {max_tokens} tokens to answer needs {need} cells, more than the "
+                                f"context of {self.n_ctx} (or a prompt is empty)")
+        streams = max(1, min(streams, self.sequences, len(prompts), self.n_ctx // need))  # as many as fit
+        self.rollback(0)  # also waits for a prefetched pass
+        if self.hidden:
+            _lib().llama_set_embeddings(self._ctx, False)
+        answers: list[tuple[list[int], bool] | None] = [None] * len(prompts)
+        waiting = iter(range(len(prompts)))
+        live: dict[int, list] = {}  # stream (its sequence id) -> [prompt index, answer so far]
+        try:
+            while True:
+                for s in range(streams):  # idle streams take the next prompts and prefill them
+                    if s not in live and (i := next(waiting, None)) is not None:
+                        live[s] = [i, []]
+                        prompt = prompts[i]
+                        for start in range(0, len(prompt) - 1, self.n_batch):
+                            chunk = prompt[start:min(start + self.n_batch, len(prompt) - 1)]
+                            self._decode([(tok, start + j, s, False) for j, tok in enumerate(chunk)])
+                if not live:
+                    return answers
+                order = sorted(live)
+                rows = []
+                for s in order:  # each stream's newest token (a fresh prompt's last one) asks for the next
+                    i, answer = live[s]
+                    rows.append((answer[-1] if answer else prompts[i][-1], len(prompts[i]) + len(answer) - 1, s, True))
+                self._decode(rows)
+                for row, s in enumerate(order):
+                    i, answer = live[s]
+                    logits = np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, row),
+                                                   shape=(self.vocab.n_vocab,))
+                    tok = pick(i, logits)
+                    ended = tok in self.vocab.eog_ids
+                    if not ended:
+                        answer.append(tok)
+                    if ended or len(answer) >= max_tokens:
+                        answers[i] = (answer, ended)
+                        del live[s]
+                        _lib().llama_memory_seq_rm(self._mem, s, -1, -1)
+                        if on_answer:
+                            on_answer(i, answer, ended)
+        finally:
+            for s in range(streams):
+                _lib().llama_memory_seq_rm(self._mem, s, -1, -1)
+
+    def _decode(self, rows: Sequence[tuple[int, int, Sequence[int] | int, bool]]) -> None:
+        """One llama_decode of rows (token, position, sequence id(s), whether it returns logits)."""
+        b = self._batch
+        for j, (tok, pos, seqs, out) in enumerate(rows):
+            seqs = (seqs,) if isinstance(seqs, int) else seqs
+            b.token[j], b.pos[j], b.logits[j], b.n_seq_id[j] = tok, pos, int(out), len(seqs)
+            for m, seq in enumerate(seqs):
+                b.seq_id[j][m] = seq
+        b.n_tokens = len(rows)
+        rc = _lib().llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(rows)} rows)")
+
+    def _decode_step(self, tokens: Sequence[int]) -> None:
+        """One llama_decode of tokens after the cache on sequence 0, the last one's logits out: llama.cpp's own
+        batch of one sequence (positions from the cache), what llama-bench and llama-server decode with."""
+        lib = _lib()
+        ids = (ctypes.c_int32 * len(tokens))(*tokens)
+        rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(ids, len(tokens)))
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(tokens)} rows)")
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < 0 or n_past > len(self.tokens):
+            raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        self._settle()
+        self._drop_branches()  # a tree no branch was kept from
+        del self._pending[max(n_past - (len(self.tokens) - len(self._pending)), 0):]
+        if not _lib().llama_memory_seq_rm(self._mem, 0, n_past, -1):
+            raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
+        del self.tokens[n_past:]
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return tokenize_text(self._vocab_p, text, special)
+
+    def chat_template(self) -> str | None:
+        return chat_template_of(self._model)
+
+    def memory(self) -> dict[str, int]:
+        return {**self._held(), "logits": MAX_OUTPUTS * self.vocab.n_vocab * 4}

@@ -1,0 +1,32 @@
+"""The `edgespec` command, its commands grouped by what they do (run, measure, train, export), all on the
+Python API (edgespec.api)."""
+
+from __future__ import annotations
+
+import click
+
+from edgespec import __version__
+from edgespec.cli import export, measure, run, train
+from edgespec.errors import EdgespecError
+
+
+class _Group(click.Group):
+    """Errors a user can cause print one line (no traceback) and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgespecError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgespec")
+def main():
+    """Exact speculative decoding for on-device LLMs (GGUF through llama.cpp)."""
+
+
+for command in (run.generate, run.chat, run.serve, measure.bench, measure.plan, measure.profiles, measure.doctor,
+                measure.advise, train.distill, train.draft_vocab_cmd, train.train_heads_cmd, export.export_cmd,
+                export.export_pair_cmd, export.default_checkpoint):
+    main.add_command(command)

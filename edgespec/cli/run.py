@@ -1,0 +1,139 @@
+"""Commands that run a pair: generate, chat, serve."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from edgespec.cli.options import describe, model_options, read_schema, sampling_options, status
+from edgespec.errors import EdgespecError
+
+
+@click.command()
+@click.argument("prompt")
+@model_options
+@sampling_options
+@click.option("--chat/--raw", default=True, show_default=True, help="Apply the model's chat template")
+@click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
+              help="Constrain the answer to JSON valid against this schema (exact for the constrained target)")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token ids, stats")
+def generate(prompt, load_engine, chat, schema_file, as_json, **sampling):
+    """Generate a continuation of PROMPT, streaming it to stdout."""
+    if not as_json:
+        status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    if not as_json:
+        status(describe(engine))
+    stream = engine.stream(prompt, chat=chat, json_schema=read_schema(schema_file), **sampling)
+    if as_json:
+        for _ in stream:
+            pass
+        click.echo(json.dumps({"text": stream.text, "tokens": stream.tokens, **stream.stats.to_dict(),
+                               "placement": engine.placement()}))
+        return
+    for event in stream:
+        click.echo(event.text, nl=False)
+    click.echo()
+    status(_summary(stream.stats))
+
+
+
+def _summary(stats) -> str:
+    s = stats.to_dict()
+    return (f"[{s['generated_tokens']} tokens, {s['tokens_per_second']} tok/s, acceptance {s['acceptance_rate']:.2f}"
+            f" ({s['accepted']}/{s['drafted']}), mean accepted {s['mean_accepted_length']:.2f},"
+            f" {s['target_passes']} target passes, finish: {s['finish_reason']}]")
+
+
+CHAT_HELP = """commands: /stats  statistics of the last answer
+          /reset  forget the conversation
+          /help   this text
+          /exit   leave (Ctrl-D too); Ctrl-C stops an answer"""
+
+
+@click.command()
+@model_options
+@sampling_options
+@click.option("--system", default=None, help="System message")
+def chat(load_engine, system, **sampling):
+    """Multi-turn chat in the terminal, streamed, over the model's chat template."""
+    status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    status(f"edgespec chat: {describe(engine)}. /help for commands.")
+    history = [{"role": "system", "content": system}] if system else []
+    last_stats = None
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            click.echo()
+            return
+        command = line.strip()
+        if not command:
+            continue
+        if command in ("/exit", "/quit"):
+            return
+        if command == "/help":
+            click.echo(CHAT_HELP)
+            continue
+        if command == "/reset":
+            history = history[:1] if system else []
+            click.echo("(conversation cleared)")
+            continue
+        if command == "/stats":
+            click.echo(json.dumps(last_stats.to_dict(), indent=2) if last_stats else "(no answer yet)")
+            continue
+        if command.startswith("/"):
+            click.echo(f"unknown command {command}; /help lists them")
+            continue
+        history.append({"role": "user", "content": line})
+        stream = engine.stream(history, **sampling)
+        try:
+            for event in stream:
+                click.echo(event.text, nl=False)
+        except KeyboardInterrupt:
+            stream.close()
+            click.echo(" [stopped]", nl=False)
+        except EdgespecError as e:  # e.g. the conversation outgrew the context: keep the session
+            history.pop()
+            click.echo(f"error: {e}", err=True)
+            continue
+        click.echo()
+        if stream.stats.finish_reason == "context":
+            click.echo("(the context is full: /reset to start again)", err=True)
+        history.append({"role": "assistant", "content": stream.text})
+        last_stats = stream.stats
+
+
+@click.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (0.0.0.0 exposes the server to the network: set --api-key then)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 requests [env EDGESPEC_API_KEY]")
+@click.option("-n", "--max-tokens", "default_max_tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="Tokens per answer when a request does not say")
+@click.option("--max-queue", type=click.IntRange(1), default=16, show_default=True,
+              help="Most requests admitted at once, the one generating included; more get a 429 with Retry-After")
+@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+              help="Seconds a request may take from its arrival, waiting included; past it, a 504")
+def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout):
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
+
+    One model pair, loaded once; requests are answered one at a time, in order.
+    """
+    try:
+        from edgespec.server import serve as run_server
+    except ImportError as e:
+        raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
+            from None
+    status("loading models and measuring draft costs ...")
+    engine = load_engine()
+    status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+    try:
+        run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
+                   max_queue=max_queue, request_timeout=request_timeout)
+    finally:
+        engine.close()

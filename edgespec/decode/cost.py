@@ -1,0 +1,300 @@
+"""How far to draft, from costs measured on this device and acceptance measured on this text.
+
+Per round with k draft tokens, each accepted independently with probability alpha, the expected
+number of tokens emitted is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1), and the
+round costs k draft steps plus one target pass over k+1 tokens. The controller picks the k in
+[0, k_max] with the most expected tokens per second; k = 0 is plain target decoding. Costs start from
+a calibration at load and follow what every round measures; alpha is a decayed running estimate. Guesses come
+right in runs where text repeats itself (prompt lookup most of all), so the round's first draft is kept with the
+acceptance measured after guesses like the last one judged (kept or not), and each further one with the acceptance
+measured after a kept guess; with independent acceptance both are alpha and this is eq. 1. A draft model
+that sat rounds out reads the text it skipped before it drafts again, at `read_cost` a token (measured at load):
+the controller weighs that reading before it resumes drafting, probes, or has a prompt read at prefill.
+
+A drafter that knows how sure it is (draft models and heads: `gated`) drafts under a DraftGate instead of
+to a fixed k: each draft token is kept only while the round's expected tokens per second still rise with
+it, the token's acceptance read off the draft's confidence at its position (the top probability of the
+draft's law there, never the drawn token's own: that would bias the draft law) through a calibration
+learned from every verified round. Where the draft is unsure, the round ends early and the verify pass
+stays short; where it is sure, the round drafts up to k_max. The length of a draft is the draft's own
+business, decided before the target is consulted, so the output law is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, forward_rows
+
+EMA = 0.2  # weight of a new timing in the running cost per pass length
+DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
+PRIOR_WEIGHT = 8.0  # pseudo-rounds behind a prior acceptance measured at load
+PROBE_EVERY = 32  # rounds at k = 0 before one k = 1 round re-tests acceptance
+PROBE_MAX = 256  # ... doubling after every probe that does not bring drafting back, up to this
+PROBE_READ_MAX = 0.01  # no probe where a draft reads a token it missed in more than this share of a target step
+REPAY_ROUNDS = 64  # drafting resumes after idle rounds only if it repays the draft's reading of them within these
+CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draft's confidence
+BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
+BIN_DECAY = 0.99  # per token observed in a bin
+STREAK_PRIOR = 4.0  # pseudo-tokens behind the acceptance after a kept or a rejected guess, at alpha
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted by a round of k drafts with per-token acceptance alpha."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def agreement(target: Backend, draft: Backend, tokens: list[int]) -> float:
+    """Fraction of positions of `tokens` where both models' greedy choices agree (teacher-forced).
+
+    A prior for the acceptance rate before any round has run; both caches are left empty.
+    """
+    agree = 0
+    tokens = tokens[:min(target.n_ctx, draft.n_ctx)]
+    for backend in (target, draft):
+        backend.rollback(0)
+    for target_rows, draft_rows in zip(forward_rows(target, tokens), forward_rows(draft, tokens), strict=True):
+        agree += int((target_rows.argmax(axis=1) == draft_rows.argmax(axis=1)).sum())
+    for backend in (target, draft):
+        backend.rollback(0)
+    n = len(tokens)
+    return agree / n if n else 0.5
+
+
+def measure_pass_costs(backend: Backend, n_max: int, reps: int = 3, context: int = 32,
+                       clock: Callable[[], float] = time.perf_counter,
+                       lengths: Sequence[int] | None = None) -> dict[int, float]:
+    """Seconds for one forward of n tokens with n logits rows, n = 1..n_max (or each n of `lengths`), after
+    `context` tokens, by `clock`.
+
+    The cache is left empty. Takes the median of `reps` timings per n, after one warm-up pass.
+    """
+    n_vocab = backend.vocab.n_vocab
+    filler = [(i * 7919 + 13) % n_vocab for i in range(context + n_max)]
+    backend.rollback(0)
+    backend.forward(filler[:context], 1)
+    costs = {}
+    for n in lengths or range(1, n_max + 1):
+        times = []
+        for _ in range(reps + 1):
+            t0 = clock()
+            backend.forward(filler[context:context + n], n, copy=False)  # as the loop reads its rows
+            times.append(clock() - t0)
+            backend.rollback(context)
+        costs[n] = sorted(times[1:])[len(times[1:]) // 2]
+    backend.rollback(0)
+    return costs
+
+
+def measure_read_cost(draft: Backend, n: int = MAX_OUTPUTS, reps: int = 3,
+                      clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds a draft model takes per token of text it skipped, read in one pass before it drafts again: what a
+    pass of n tokens costs over a pass of 1, per token (DraftController.read_cost)."""
+    costs = measure_pass_costs(draft, n, reps, clock=clock, lengths=(1, n))
+    return max(costs[n] - costs[1], 0.0) / (n - 1)
+
+
+@dataclass
+class DraftController:
+    """Chooses the draft length of each round and learns from each round's outcome."""
+
+    target_costs: dict[int, float]  # n tokens in a verify pass -> seconds
+    draft_cost: float  # seconds per drafted token
+    k_max: int
+    width: int = 1  # candidates per depth of a draft tree: a round of depth k verifies k * width + 1 tokens
+    read_cost: float = 0.0  # seconds a draft takes per token it missed, reading them before it drafts again
+    accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
+    rejected: float = 1.0
+    # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
+    bin_accepted: list[float] = field(default_factory=lambda: [
+        BIN_PRIOR * (i + 0.5) / CONFIDENCE_BINS for i in range(CONFIDENCE_BINS)])
+    bin_rejected: list[float] = field(default_factory=lambda: [
+        BIN_PRIOR * (1 - (i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)])
+    _idle_rounds: int = field(default=0, repr=False)
+    _probe_every: int = field(default=PROBE_EVERY, repr=False)
+    _probing: bool = field(default=False, repr=False)  # the last choice was a probe
+    _unread: int = field(default=0, repr=False)  # rounds since the draft last drafted: tokens it has not read
+    # decayed [kept, judged] counts of guesses judged right after a kept guess and right after a rejected one (a
+    # shadow score counts as a guess), and whether the last one judged was kept
+    after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    _last_kept: bool = field(default=True, repr=False)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def _after(self, counts: list[float]) -> float:
+        return (counts[0] + STREAK_PRIOR * self.alpha) / (counts[1] + STREAK_PRIOR)
+
+    def expected(self, k: int) -> float:
+        """Tokens a round of k drafts is expected to emit: its first draft kept with the acceptance that follows
+        guesses like the last one judged, each further one with the acceptance that follows a kept guess."""
+        if k == 0:
+            return 1.0
+        first = self._after(self.after_kept if self._last_kept else self.after_rejected)
+        return 1.0 + first * expected_tokens(self._after(self.after_kept), k - 1)
+
+    def _judged(self, kept: float) -> None:
+        """One guess judged (kept: 1, rejected: 0, a shadow score: the target's chance of keeping it)."""
+        counts = self.after_kept if self._last_kept else self.after_rejected
+        counts[0] = DECAY * counts[0] + kept
+        counts[1] = DECAY * counts[1] + 1.0
+        self._last_kept = kept >= 0.5
+
+    def verify_cost(self, n: int) -> float:
+        """Seconds for a verify pass over n tokens (more than were measured: the widest known, scaled)."""
+        if n not in self.target_costs:
+            widest = max(self.target_costs)
+            return self.target_costs[widest] * n / widest
+        return self.target_costs[n]
+
+    def pass_cost(self, k: int) -> float:
+        """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
+        return self.verify_cost(k * self.width + 1)
+
+    def chain_cost(self, k: int) -> float:
+        """Seconds for a chain round of k drafts: k draft steps and a verify pass of k + 1 tokens."""
+        return k * self.draft_cost + self.verify_cost(k + 1)
+
+    def acceptance_at(self, confidence: float) -> float:
+        """The calibrated chance that a draft token drafted with this confidence is accepted (given the
+        tokens before it were)."""
+        b = _bin(confidence)
+        return self.bin_accepted[b] / (self.bin_accepted[b] + self.bin_rejected[b])
+
+    def gate(self) -> DraftGate:
+        """A fresh gate for one round's chain; a probe's keeps its first token whatever the calibration says
+        (else a calibration that says no would never again see a token judged, and never learn otherwise)."""
+        return DraftGate(self, keep_first=self._probing)
+
+    def observe_gate(self, gate: DraftGate, n_drafted: int, n_accepted: int) -> None:
+        """Calibrate from a verified gated chain: its first n_drafted tokens were verified (a grammar may
+        have cut the rest), n_accepted of them kept. Tokens after the first rejection say nothing."""
+        for i, confidence in enumerate(gate.confidences[:min(n_drafted, n_accepted + 1)]):
+            b = _bin(confidence)
+            self.bin_accepted[b] = BIN_DECAY * self.bin_accepted[b] + (i < n_accepted)
+            self.bin_rejected[b] = BIN_DECAY * self.bin_rejected[b] + (i >= n_accepted)
+
+    def predicted_rate(self, k: int) -> float:
+        """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
+        return self.expected(k) / (k * self.draft_cost + self.pass_cost(k))
+
+    def could_pay(self) -> bool:
+        """Would some draft length beat target-only decoding if every draft were accepted? If not, the
+        draft is too slow for this target and probing its acceptance is pure cost."""
+        base = 1.0 / self.target_costs[1]
+        return any((k + 1) / (k * self.draft_cost + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
+
+    def saving(self, k: int) -> float:
+        """Seconds a round of k drafts is expected to save over target-only decoding of the tokens it brings."""
+        return self.expected(k) * self.target_costs[1] - (k * self.draft_cost + self.pass_cost(k))
+
+    def best_k(self) -> int:
+        """The draft length with the most expected tokens per second, as acceptance and costs stand."""
+        return max(range(self.k_max + 1), key=self.predicted_rate)
+
+    def drafting(self) -> bool:
+        """Would the next round draft (no probe counted)?"""
+        return self.best_k() > 0
+
+    def begin(self, prompt_tokens: int) -> bool:
+        """A new text, whose prompt the draft has not read: should it read it now, at prefill? Only where the next
+        round would draft and repay the reading within REPAY_ROUNDS; otherwise the prompt counts as unread, and is
+        read (drafts.catch_up) before the first round that drafts, if one comes."""
+        k = self.best_k()
+        read = k > 0 and self.read_cost * prompt_tokens <= REPAY_ROUNDS * self.saving(k)
+        self._unread = 0 if read else prompt_tokens
+        return read
+
+    def choose(self) -> int:
+        """The next round's draft length. While no length pays, a round of 1 now and then re-tests acceptance,
+        which may have changed with the text. A probe is not cheap for a draft model: before it drafts, it
+        reads every token it missed in one batched pass, so probes that do not bring drafting back come ever
+        more rarely, and most tokens a declined draft missed are never read (benchmarks/declined_draft.py).
+        Drafting that pays again after idle rounds resumes only if it repays that reading within REPAY_ROUNDS.
+        Where reading a missed token costs more than PROBE_READ_MAX of a target step (a draft model on a CPU, or
+        beside a GPU's own small-batch costs), no probe comes at all: the reading alone would cost that share
+        of the time declined, whatever the spacing. A free draft scored in the rounds it does not draft
+        (observe_shadow) is never probed either: the scores are the evidence a probe would bring."""
+        self._probing = False
+        k = self.best_k()
+        if k > 0 and self.read_cost * self._unread <= REPAY_ROUNDS * self.saving(k):
+            self._idle_rounds, self._unread, self._probe_every = 0, 0, PROBE_EVERY
+            return k
+        self._unread += 1
+        if not self.could_pay() or self.read_cost > PROBE_READ_MAX * self.target_costs[1]:
+            self._idle_rounds = 0
+            return 0
+        self._idle_rounds += 1
+        if self._idle_rounds < self._probe_every:
+            return 0
+        self._idle_rounds, self._unread, self._probe_every = 0, 0, min(2 * self._probe_every, PROBE_MAX)
+        self._probing = True
+        return 1
+
+    def observe_shadow(self, p_accept: float) -> None:
+        """Record a draft that was computed for free but not verified (k = 0 round): the target's
+        probability of accepting it is known from the row already computed."""
+        self.accepted = DECAY * self.accepted + p_accept
+        self.rejected = DECAY * self.rejected + 1.0 - p_accept
+        self._judged(p_accept)
+        self._idle_rounds = 0
+
+    def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
+                pass_tokens: int | None = None) -> None:
+        """Record one round: n_drafted tokens proposed (a tree: its depth), n_accepted kept, and what each side
+        cost; pass_tokens: tokens in the verify pass (default n_drafted + 1, a chain's)."""
+        n = pass_tokens if pass_tokens is not None else n_drafted + 1
+        old = self.target_costs.get(n, target_s)
+        self.target_costs[n] = (1 - EMA) * old + EMA * target_s
+        if n_drafted:
+            self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / n_drafted
+            self.accepted = DECAY * self.accepted + n_accepted
+            self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
+            for i in range(min(n_accepted + 1, n_drafted)):  # the kept ones and the first rejected
+                self._judged(float(i < n_accepted))
+
+
+def _bin(confidence: float) -> int:
+    return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+
+
+class DraftGate:
+    """Decides, while a gated drafter drafts one chain, how far it goes. The drafter asks `keep(confidence)`
+    of each token it has drawn (False ends the chain before it) and `go_on()` before it pays for the next
+    draft step (False ends the chain after the tokens kept).
+
+    Both keep the round's expected tokens per second rising: with s the chance that every kept token is
+    accepted and a a token's calibrated acceptance, a token adds s * a expected tokens. Keeping a drawn one
+    costs a verify row (its draft step is spent either way); another step costs a draft step and a row, and
+    its acceptance is guessed from the last token's (confidence runs in stretches)."""
+
+    def __init__(self, controller: DraftController, keep_first: bool = False):
+        self.controller, self.keep_first = controller, keep_first
+        self.confidences: list[float] = []  # of the kept tokens
+        self.survival = 1.0
+        self.expected = 1.0  # tokens the round is expected to emit with the kept drafts (the target's one included)
+
+    def keep(self, confidence: float) -> bool:
+        c, n = self.controller, len(self.confidences)
+        gain = self.survival * c.acceptance_at(confidence)
+        spent = (n + 1) * c.draft_cost  # the steps so far, this token's included
+        pays = (self.expected + gain) / (spent + c.verify_cost(n + 2)) > self.expected / (spent + c.verify_cost(n + 1))
+        if not (pays or self.keep_first and n == 0):
+            return False
+        self.confidences.append(confidence)
+        self.survival = gain
+        self.expected += gain
+        return True
+
+    def go_on(self) -> bool:
+        c, n = self.controller, len(self.confidences)
+        if not n:
+            return False
+        gain = self.survival * c.acceptance_at(self.confidences[-1])
+        return (self.expected + gain) / c.chain_cost(n + 1) > self.expected / c.chain_cost(n)

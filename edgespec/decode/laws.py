@@ -1,0 +1,366 @@
+"""The rule at device speed: each row of logits becomes a law that answers only what the round asks of it.
+
+sampling.to_probs and verify.verify are the reference: dense float64 rows [V] for every position. On a 152k
+vocabulary a row costs milliseconds that way (a float64 copy, a full sort for top-p, a cumsum for one draw),
+more than a target pass on the devices edgespec runs on. Here a row is processed once, when the rule first
+reads it, into a Law:
+
+- greedy: `OneHot`, the argmax. Acceptance is an index comparison and nothing is drawn.
+- sampling: `Weights`, the processed weights (in the logits' float type) over the whole vocabulary, or over
+  the ids a filter kept (top-k, min-p: a few hundred), with their total. p(x) is one gathered value; a draw
+  is the reference's inverse CDF over ids in ascending order, found through block sums instead of a cumsum
+  over the vocabulary. Top-p decides a peaked row's cut from the logits near its largest; elsewhere it sorts
+  a sample, then only the band where the cut lies.
+- a deterministic draft (prompt lookup) has no law at all: its token has probability 1.
+
+The residual max(0, p - q) is built only at a rejection, over p's support. Every function here gives the
+reference's token for the same uniforms, up to float rounding at a CDF boundary (tests/test_laws.py checks it
+on random rows), so the guarantee is the one sampling.py states, about the same processed distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.decode.sampling import SamplingParams
+
+BLOCK = 1024  # ids per block of a draw: a cumsum over one block, not over the vocabulary
+SMALL = 4096  # supports up to this many ids are drawn from with one cumsum
+SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the row)
+BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
+BAND_SIGMAS = 5.0  # a flat row's band around top-p's cut estimated from the sample: this many sampling noises
+UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
+OVERFLOW = 88.0  # exp of more is above float32's largest
+DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
+HEAD = 16  # top-p then tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
+TOP_K_COLUMNS = 64  # top-k's first bound: the k-th largest of the maxima of V / 64 columns of 64 strided logits
+
+
+class OneHot:
+    """A law with all its mass on one token: greedy decoding's target and draft rows."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def prob(self, token: int) -> float:
+        return 1.0 if token == self.token else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.token  # nothing to draw: greedy output does not depend on the generator
+
+
+class Weights:
+    """A law as weights: over the vocabulary (ids None, w [V]) or over ascending ids (ids [n], w [n]). sums: the
+    weights' sums per BLOCK ids, float64, where they were computed already (a draw needs them)."""
+
+    __slots__ = ("ids", "w", "total", "sums")
+
+    def __init__(self, ids: np.ndarray | None, w: np.ndarray, total: float, sums: np.ndarray | None = None):
+        self.ids, self.w, self.total, self.sums = ids, w, float(total), sums
+
+    def prob(self, token: int) -> float:
+        if self.ids is None:
+            return float(self.w[token]) / self.total
+        j = int(np.searchsorted(self.ids, token))
+        return float(self.w[j]) / self.total if j < len(self.ids) and self.ids[j] == token else 0.0
+
+    def probs_at(self, ids: np.ndarray | None, n_vocab: int) -> np.ndarray:
+        """Probabilities at `ids` ([n]; None: every id, [V]), float64."""
+        if self.ids is None:
+            w = self.w if ids is None else self.w[ids]
+            return w.astype(np.float64) / self.total
+        if ids is None:
+            out = np.zeros(n_vocab)
+            out[self.ids] = self.w / self.total
+            return out
+        j = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.where(self.ids[j] == ids, self.w[j] / self.total, 0.0)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.draw(rng.random())
+
+    def draw(self, u: float) -> int:
+        """The id where the cumulative weight in ascending id order first exceeds u times the total: the
+        reference sampling.sample for the same uniform u."""
+        w = self.w
+        if len(w) <= SMALL:
+            cdf = np.cumsum(w, dtype=np.float64)
+            j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+            j = j if j < len(w) and w[j] > 0 else int(np.flatnonzero(w)[-1])
+        else:
+            if self.sums is None:
+                self.sums = block_sums(w)
+            j = _inverse_cdf(w, self.sums, u)
+        return j if self.ids is None else int(self.ids[j])
+
+
+def block_sums(w: np.ndarray) -> np.ndarray:
+    """Sums of w [n] per BLOCK ids [ceil(n / BLOCK)], float64 (each block summed pairwise in w's type)."""
+    full = len(w) // BLOCK * BLOCK
+    # einsum's own summing loop: a third of the time of sum(axis=1) on this shape, as precise (and no BLAS
+    # threads, which would contend with llama.cpp's)
+    sums = np.einsum("ij->i", w[:full].reshape(-1, BLOCK)).astype(np.float64)
+    return np.append(sums, float(w[full:].sum())) if full < len(w) else sums
+
+
+def _inverse_cdf(w: np.ndarray, sums: np.ndarray, u: float) -> int:
+    """Index of the first position where cumsum(w) > u * sum(w) (a zero weight is never chosen), read through
+    the block sums: a cumsum over the blocks and over one block."""
+    cum = np.cumsum(sums)
+    x = u * cum[-1]
+    b = min(int(np.searchsorted(cum, x, side="right")), len(cum) - 1)
+    while sums[b] <= 0:  # rounding put x past the last block with mass
+        b -= 1
+    block = w[b * BLOCK:(b + 1) * BLOCK]
+    cdf = np.cumsum(block, dtype=np.float64)
+    j = int(np.searchsorted(cdf, x - (cum[b - 1] if b else 0.0), side="right"))
+    if j >= len(block) or block[j] <= 0:  # the block's sum and its cumsum round differently: its last token
+        j = int(np.flatnonzero(block)[-1])
+    return b * BLOCK + j
+
+
+Law = OneHot | Weights
+
+
+def law(logits: np.ndarray, params: SamplingParams) -> Law:
+    """The processed distribution of one row of logits [V] (float32 or float64, not modified): what
+    sampling.to_probs computes, filters in the same order (top-k, temperature, top-p, min-p)."""
+    row = np.asarray(logits)
+    if row.dtype != np.float32 and row.dtype != np.float64:
+        row = row.astype(np.float32)
+    if params.greedy:
+        return OneHot(int(row.argmax()))
+    n_vocab = row.shape[0]
+    if 0 < params.top_k < n_vocab:
+        ids = _top_k_ids(row, params.top_k)
+        return _small(ids, row[ids].astype(np.float64), params)
+    if params.min_p > 0 and params.top_p >= 1.0:
+        # min-p alone keeps p >= min_p * p_max, logits within T * log(1 / min_p) of the largest: a few ids. The
+        # bound is widened a little and the exact test is made on the weights, as the reference makes it.
+        top = row[row.argmax()]
+        ids = np.flatnonzero(row >= top + params.temperature * np.log(params.min_p) - 1e-3)
+        if len(ids) <= SMALL:  # a flat row keeps most of the vocabulary: weights over it, below
+            return _small(ids, row[ids].astype(np.float64), params)
+    return _full(row, params)
+
+
+def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids of the logits >= the k-th largest (ties at it kept), as the reference keeps them."""
+    n = len(row) // TOP_K_COLUMNS
+    if n >= 4 * k:
+        # the maxima of n disjoint strided columns are n distinct tokens: at least k logits are >= the k-th
+        # largest maximum, so every one of the top k is among the logits >= it
+        maxima = row[:n * TOP_K_COLUMNS].reshape(TOP_K_COLUMNS, n).max(axis=0)  # [n]
+        ids = np.flatnonzero(row >= np.partition(maxima, n - k)[n - k])
+        values = row[ids]
+        return ids[values >= np.partition(values, len(values) - k)[len(values) - k]]
+    return np.flatnonzero(row >= np.partition(row, len(row) - k)[len(row) - k])
+
+
+def _small(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Weights:
+    """A few ids (ascending) and their logits (float64): the reference's steps on them alone."""
+    e = np.exp((values - values.max()) / params.temperature)  # [n]
+    keep = np.ones(len(ids), dtype=bool)
+    if params.top_p < 1.0:
+        order = np.argsort(-e, kind="stable")  # ids ascend, so ties stay in id order, as in the reference
+        cumulative = np.cumsum(e[order])
+        n_keep = int(np.searchsorted(cumulative, params.top_p * cumulative[-1], side="left")) + 1
+        keep[:] = False
+        keep[order[:n_keep]] = True
+    if params.min_p > 0.0:
+        keep &= e >= params.min_p  # e of the largest logit is 1: p >= min_p * p_max
+    ids, e = ids[keep], e[keep]
+    return Weights(ids, e, float(e.sum()))
+
+
+def _full(row: np.ndarray, params: SamplingParams) -> Weights:
+    """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps). Masks are
+    applied by multiplying: a random mask over 152k ids costs ten times more as an indexed write (branches)."""
+    t = params.temperature
+    top = row.max()
+    if params.top_p < 1.0:
+        kept = _peaked_nucleus(row, top, t, params.top_p)
+        if kept is not None:
+            ids, weights = kept
+            if params.min_p > 0.0:
+                ids, weights = ids[weights >= params.min_p], weights[weights >= params.min_p]
+            return Weights(ids, weights, float(weights.sum()))
+    low = row.min()
+    w = np.multiply(row, row.dtype.type(1.0 / t))  # [V]
+    # the logit whose weight is 1: none where float32 holds exp(logit / t) for the largest logit, and shifting
+    # would not save small weights from underflow (a shift by a positive largest logit only lowers them)
+    shift = 0.0
+    if row.dtype != np.float32 or top / t > OVERFLOW or (top < 0 and low / t < UNDERFLOW):
+        shift = top
+        w -= w.dtype.type(top / t)
+    floor = shift + UNDERFLOW * t  # logits below weigh less than float32's smallest normal number
+    if row.dtype == np.float32 and low < floor:
+        # such weights are denormals, tens of times slower in every operation that touches them: they become 0
+        # (the reference gives them under 1e-38 of the mass), as -inf logits do. A few (a masked token) are
+        # zeroed by index; many (a flat row at a low temperature) by clamping and a mask
+        deep = np.flatnonzero(row < floor)
+        if len(deep) <= SMALL:
+            np.exp(w, out=w)
+            w[deep] = 0
+        else:
+            np.maximum(w, UNDERFLOW, out=w)
+            np.exp(w, out=w)
+            w *= row >= floor
+    else:
+        np.exp(w, out=w)
+    if params.top_p < 1.0:
+        kept = _nucleus(row, w, shift, t, params.top_p, float(block_sums(w).sum()))
+        if kept is not None:
+            ids, weights = kept
+            if params.min_p > 0.0:
+                keep = weights >= params.min_p * np.exp((top - shift) / t)
+                ids, weights = ids[keep], weights[keep]
+            return Weights(ids, weights, float(weights.sum()))
+    if params.min_p > 0.0:  # p >= min_p * p_max, in weights
+        w *= w >= w.dtype.type(params.min_p * np.exp((top - shift) / t))
+    sums = block_sums(w)
+    return Weights(None, w, float(sums.sum()), sums)
+
+
+def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
+                    top_p: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Top-p without a pass of exp over the vocabulary, where the row is peaked (a trained model's usually is):
+    (ascending ids, their weights exp((logit - top) / temperature)) of the kept prefix, or None where this
+    cannot tell.
+
+    The logits more than DEPTH below the largest (in units of temperature, plus log V) weigh together less than
+    10^-4 of the largest's weight, so the total weight lies between the head's and the head's plus that bound.
+    Where the prefix that reaches top_p is the same for both totals, it is the reference's prefix, and its
+    weights are all the law needs (top-p renormalises over what it keeps)."""
+    n = len(row)
+    depth = temperature * (np.log(n) + DEPTH)
+    stride = max(1, n // SAMPLE)
+    if np.count_nonzero(row[::stride] >= top - depth) * stride > 4 * SMALL:  # plainly not peaked: not even a pass
+        return None
+    near = row >= top - depth
+    if np.count_nonzero(near) > SMALL:  # not peaked enough: a count is cheaper than the ids
+        return None
+    head = np.flatnonzero(near)
+    values = row[head].astype(np.float64)
+    order = np.argsort(-values, kind="stable")  # head ascends: ties stay in id order
+    cumulative = np.cumsum(np.exp((values[order] - top) / temperature))
+    rest = (n - len(head)) * np.exp(-depth / temperature)  # at most this much weight lies outside the head
+    cut = int(np.searchsorted(cumulative, top_p * cumulative[-1], side="left"))
+    if cut != int(np.searchsorted(cumulative, top_p * (cumulative[-1] + rest), side="left")) or cut >= len(head):
+        return None
+    kept = np.sort(order[:cut + 1])
+    return head[kept], np.exp((values[kept] - top) / temperature)
+
+
+def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
+             top_p: float, total: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Top-p: keep the smallest prefix of the ids ordered by logit (largest first, ties by id) whose weight
+    reaches mass = top_p * total (w = exp((row - shift) / temperature), total its sum). Returns (ascending ids,
+    their weights) where the prefix is short; otherwise zeroes the rest of w [V] in place and returns None.
+
+    A sorted strided sample of the row estimates where the prefix ends. Where the logits at or above the
+    sample's HEAD-th largest carry `mass`, the cut is among them (a peaked row, the common case of a trained
+    model). Where it lies deep, one band around the sample's estimate usually holds it (_banded). Otherwise
+    exact probes (the weight above a sampled logit, one pass over the row each) bracket the cut, and only the
+    logits inside the bracket are sorted. Every bracket is checked against the exact weights; the last resort is
+    the whole row."""
+    mass = top_p * total
+    stride = max(1, len(row) // SAMPLE)
+    sampled = np.sort(row[::stride])[::-1]  # [n], largest first
+    n = len(sampled)
+    h = min(HEAD, n - 1)
+    sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
+    walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
+    if walked[h + 1] < top_p * walked[-1] / 2 and _banded(row, w, sampled, walked, mass, total, shift, temperature):
+        return None  # the sample put the cut deep, and one band around its estimate held it
+    head = np.flatnonzero(row >= sampled[h])
+    if len(head) <= SMALL:
+        head_w = w[head]
+        if float(head_w.sum()) >= mass:
+            order = np.argsort(-row[head], kind="stable")  # head ascends: ties stay in id order
+            cumulative = np.cumsum(head_w[order], dtype=np.float64)
+            kept = np.sort(order[:int(np.searchsorted(cumulative, mass, side="left")) + 1])
+            return head[kept], head_w[kept]
+
+    def above(j: int) -> float:  # exact weight strictly above sampled[j]
+        return float((w * (row > sampled[j])).sum())  # pairwise in w's type: the cut needs its precision
+
+    # exact anchors: the weight above sampled[a] is below mass (a = -1: above every logit), the weight above
+    # sampled[b] reaches it (b = n: below every logit). Between them the sample's walk, rescaled to their exact
+    # difference, says where mass is reached; one probe a few sampling noises above that point becomes the
+    # band's top (or the new b), and the band's sorted weights show whether the cut lies inside it.
+    a, above_a, b, above_b = -1, 0.0, n, float(w.sum())
+    at_h = float(head_w[row[head] > sampled[h]].sum()) if len(head) <= SMALL else above(h)
+    if at_h < mass:
+        a, above_a = h, at_h
+    else:
+        b, above_b = h, at_h
+    for attempt in range(4):
+        if (b - a) * stride <= BAND or b - a <= 1 or attempt == 3:  # the bracket itself holds the cut
+            low = b
+        else:
+            start = max(a, 0)
+            scale = (above_b - above_a) / max(walked[b] - walked[start], 1e-300)
+            j = start + int(np.searchsorted((walked[start:b] - walked[start]) * scale + above_a, mass))
+            step = max(4, int(2 * np.sqrt(b - a)))
+            probe, low = min(max(j - step, a + 1), b - 1), min(j + step, b)
+            probe_mass = above(probe)
+            if probe_mass >= mass:
+                b, above_b = probe, probe_mass
+                continue
+            a, above_a = probe, probe_mass
+        inside = row <= (sampled[a] if a >= 0 else np.inf)
+        if low < n:
+            inside &= row >= sampled[low]
+        values = np.sort(row[np.flatnonzero(inside)])[::-1]  # [m], largest first
+        cumulative = above_a + np.cumsum(np.exp((values.astype(np.float64) - shift) / temperature))
+        if cumulative[-1] >= mass or low == b:
+            break
+    cut_at = min(int(np.searchsorted(cumulative, mass, side="left")), len(values) - 1)
+    cut = values[cut_at]
+    w *= row >= cut
+    if cut_at + 1 < len(values) and values[cut_at + 1] == cut:  # ties at the cut: keep the lowest ids
+        keep = cut_at + 1 - int(np.searchsorted(-values, -cut, side="left"))
+        w[np.flatnonzero(row == cut)[keep:]] = 0
+    return None
+
+
+def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndarray, mass: float, total: float,
+            shift: float, temperature: float) -> bool:
+    """Top-p's cut deep in the row (a flat row keeps most of its vocabulary), bracketed once from the sample: the
+    sample's walk says at which of its ranks `mass` (of `total`) is reached, BAND_SIGMAS sampling noises either side
+    of it bound a band of logits, the exact weight above the band says whether the cut lies in it, and only the
+    band's logits are sorted. Zeroes w [V] outside the kept prefix and returns True; False (w untouched) where the
+    cut is not in the band or the band is wide."""
+    n = len(sampled)
+    rank = int(np.searchsorted(walked, mass / total * walked[-1], side="left")) - 1  # the sample's cut, estimated
+    p = min(max(rank / n, 1.0 / n), 1.0 - 1.0 / n)
+    margin = int(BAND_SIGMAS * np.sqrt(n * p * (1 - p))) + 2
+    if rank - margin < 0:  # the cut is near the top: the head and the probes find it
+        return False
+    hi = sampled[rank - margin]
+    kept_above = np.multiply(w, row > hi)  # [V]
+    above = float(block_sums(kept_above).sum())
+    if above >= mass:
+        return False
+    inside = row <= hi
+    if rank + margin < n:
+        inside &= row >= sampled[rank + margin]
+    band = np.flatnonzero(inside)  # [m], ascending
+    if len(band) > 4 * BAND:
+        return False
+    band_values, band_w = row[band], w[band]  # [m]
+    values = np.sort(band_values)[::-1]  # [m], largest first
+    cumulative = above + np.cumsum(np.exp((values.astype(np.float64) - shift) / temperature))
+    if cumulative[-1] < mass:
+        return False
+    cut_at = int(np.searchsorted(cumulative, mass, side="left"))
+    cut = values[cut_at]
+    keep = np.flatnonzero(band_values > cut)
+    ties = cut_at + 1 - len(keep)  # logits equal to the cut's that the prefix takes: the lowest ids, as the reference
+    keep = np.concatenate([keep, np.flatnonzero(band_values == cut)[:ties]])
+    np.copyto(w, kept_above)
+    w[band[keep]] = band_w[keep]
+    return True

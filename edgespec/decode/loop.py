@@ -1,0 +1,320 @@
+"""The speculative decoding loop: one generator of events, for every caller.
+
+Invariant between rounds: the target's cache holds `committed[:-1]`; the last committed token is
+fed at the head of the next verify pass, so a pass over [last, d_1..d_k] yields the k+1 rows of
+target logits the rule needs. After the rule keeps n drafts, the cache is rolled back to drop the
+k - n rejected ones. The draft model (if any) keeps its own cache and re-syncs at its next proposal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, sync
+from edgespec.decode import rule
+from edgespec.decode.constraint import Constraint
+from edgespec.decode.cost import DraftController
+from edgespec.decode.sampling import SamplingParams, to_probs
+from edgespec.decode.text import TextStream
+from edgespec.decode.verify import verify_tree
+from edgespec.drafts.base import Drafter
+from edgespec.errors import EdgespecError
+
+
+@dataclass(frozen=True)
+class Event:
+    token: int | None  # None only for the last event, which releases text held back to the end
+    text: str  # what became printable with this token (may be "" or span earlier tokens)
+    from_draft: bool  # True when a draft proposed it and the target accepted it
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0  # rounds whose drafts were not all accepted: each ended at a draft the verifier rejected
+    target_passes: int = 0  # verify passes after the prefill
+    tree_nodes: int = 0  # draft tokens verified in tree rounds (drafted counts their depth)
+    lookup_drafted: int = 0  # of drafted and accepted: those from prompt lookup in front of the drafter
+    lookup_accepted: int = 0
+    accept_counts: Counter = field(default_factory=Counter)  # accepted drafts per speculative round
+    draft_lengths: Counter = field(default_factory=Counter)  # drafts proposed per round
+    prefill_s: float = 0.0  # the prompt through the target, and through a draft model if there is one
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    decode_s: float = 0.0  # wall time after the prefill
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context", "cancelled"
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """Accepted over the drafts the verifier judged (each round judges up to its first rejection and no
+        further): the chance a judged draft is accepted, alpha in Leviathan et al.'s speedup formula. Unlike
+        acceptance_rate it does not fall when chains grow longer, since drafts after a rejection are not judged."""
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean accepted drafts over rounds that drafted something."""
+        n = sum(self.accept_counts.values())
+        return sum(k * c for k, c in self.accept_counts.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "token_acceptance": round(self.token_acceptance, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_length_histogram": {str(k): v for k, v in sorted(self.accept_counts.items())},
+            "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
+            "target_passes": self.target_passes,
+            "tree_nodes": self.tree_nodes,
+            "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted,
+            "prefill_time_s": round(self.prefill_s, 4),
+            "draft_time_s": round(self.draft_s, 4),
+            "target_time_s": round(self.target_s, 4),
+            "decode_time_s": round(self.decode_s, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "finish_reason": self.finish_reason,
+        }
+
+
+def speculate(
+    target: Backend,
+    drafter: Drafter | None,
+    controller: DraftController | None,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    *,
+    max_tokens: int,
+    stop: Sequence[str] = (),
+    draft_max: int | None = None,
+    stats: Stats | None = None,
+    constraint: Constraint | None = None,
+    tree_width: int = 1,
+    gate: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[Event]:
+    """Generate up to max_tokens after `prompt`, yielding one Event per emitted token.
+
+    draft_max fixes the draft length (0 = target only); None lets the controller choose each round.
+    constraint: a grammar over the answer (decode/constraint.py), fresh; the loop advances it.
+    tree_width: above 1, a drafter that drafts trees (propose_tree: Medusa and EAGLE heads) proposes up to that
+    many candidates per depth and the target verifies the tree in one pass (forward_tree: llama.cpp);
+    rounds under a constraint, or with another drafter or target, draft chains.
+    gate: a drafter that knows how sure it is (`gated`: draft models, heads) drafts chains under the
+    controller's DraftGate, which ends each chain where one more token would not pay (with draft_max None).
+    clock: seconds for every time the loop takes (a simulated device's virtual clock: backends/sim.py).
+
+    Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
+    whatever the drafter.
+    Fills `stats` (pass one in to read it afterwards), including the reason generation ended.
+    """
+    stats = stats if stats is not None else Stats()
+    if not prompt:
+        raise EdgespecError("the prompt is empty")
+    if max_tokens < 1:
+        raise EdgespecError(f"max tokens must be at least 1, got {max_tokens}")
+    if len(prompt) >= target.n_ctx:
+        raise EdgespecError(f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}: "
+                            "shorten the prompt or raise the context (--ctx, n_ctx)")
+    if tree_width < 1:
+        raise EdgespecError(f"tree width must be at least 1, got {tree_width}")
+    return _rounds(target, drafter, controller, list(prompt), params, rng, max_tokens, stop, draft_max, stats,
+                   constraint, tree_width, gate, clock)
+
+
+def _rounds(target, drafter, controller, committed, params, rng, max_tokens, stop, draft_max, stats, constraint,
+            tree_width, gate, clock):
+    """The generator behind `speculate`, which validated its arguments eagerly."""
+    stats.prompt_tokens = len(committed)
+    eog, pieces = target.vocab.eog_ids, target.vocab.pieces
+    text = TextStream(stop)
+    trees = tree_width > 1 and constraint is None and drafter is not None and drafter.trees and hasattr(
+        target, "forward_tree")
+    gated = gate and draft_max is None and not trees and drafter is not None and drafter.gated
+    # target-only decoding knows each pass's token before it hands the token out: a backend that can start the
+    # pass then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn
+    start_next = getattr(target, "prefetch", None) if drafter is None or draft_max == 0 else None
+    started = False  # the next round's pass is under way
+
+    t_start = clock()
+    if drafter is not None:  # a drafter that follows the target's states starts without one
+        drafter.reset()
+    sync(target, committed[:-1], 0)
+    # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
+    # it only if a probe comes
+    if drafter is not None and draft_max != 0 and (draft_max is not None or controller.begin(len(committed))):
+        drafter.catch_up(committed)
+    t_decode = clock()
+    stats.prefill_s += t_decode - t_start
+    decode_base = stats.decode_s
+
+    try:
+        while stats.finish_reason is None:
+            room = target.n_ctx - len(committed)  # the pass appends 1 + k tokens to len - 1 cached
+            if room <= 0:
+                stats.finish_reason = "context"
+                break
+            k = 0
+            if drafter is not None:
+                k = controller.choose() if draft_max is None else draft_max
+                if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
+                    k = controller.k_max
+                k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
+                k = min(k, room - 1, max_tokens - stats.generated - 1)
+
+            if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
+                t = clock()
+                drafter.catch_up(committed)
+                stats.draft_s += clock() - t
+            t0 = clock()
+            if trees:  # the tree's nodes must fit the context and one pass
+                k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
+            if k > 0 and trees:
+                drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, committed, k, tree_width,
+                                                                            params, rng, clock)
+                stats.tree_nodes += n_pass - 1
+            else:
+                round_gate = controller.gate() if gated and k > 0 else None
+                drafts, n_acc, token, target_laws, t1, t2 = _chain_round(target, drafter, committed, k, params,
+                                                                         rng, constraint, round_gate, clock,
+                                                                         started)
+                n_pass, k_round = len(drafts) + 1, len(drafts)
+                if round_gate is not None:
+                    controller.observe_gate(round_gate, len(drafts), n_acc)
+            if drafter is not None:  # heads read the state that produced the committed token
+                drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
+
+            stats.target_passes += 1
+            stats.draft_s += t1 - t0
+            stats.target_s += t2 - t1
+            stats.draft_lengths[k_round] += 1
+            looked_up = k_round and drafter.last_free  # prompt lookup in front of the drafter
+            if k_round:
+                stats.drafted += k_round
+                stats.accepted += n_acc
+                stats.rejected += n_acc < k_round
+                stats.accept_counts[n_acc] += 1
+                if looked_up:
+                    stats.lookup_drafted += k_round
+                    stats.lookup_accepted += n_acc
+            if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
+                learner = drafter.lookup_controller if looked_up else controller
+                learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
+                if k == 0 and drafter.free:
+                    # a free drafter's guess is still scored against the target row we already have
+                    guess, guess_probs = drafter.propose(committed, 1, params, rng)
+                    if guess:
+                        guess_law = rule.as_laws(guess_probs, 1)[0]
+                        controller.observe_shadow(rule.acceptance(target_laws[0], guess_law, guess[0]))
+
+            started = start_next is not None and token not in eog and stats.generated + n_acc + 1 < max_tokens \
+                and len(committed) + n_acc + 1 < target.n_ctx and start_next([token])
+            for i, tok in enumerate([*drafts[:n_acc], token]):
+                committed.append(tok)
+                if constraint is not None:
+                    constraint.consume(tok)
+                if tok in eog:
+                    stats.finish_reason = "stop"
+                    break
+                stats.generated += 1
+                stats.decode_s = decode_base + clock() - t_decode  # live: tokens/s mid-stream too
+                piece = text.feed(pieces[tok])
+                yield Event(tok, piece, from_draft=i < n_acc)
+                if text.stopped:
+                    stats.finish_reason = "stop"
+                    break
+                if stats.generated >= max_tokens:
+                    stats.finish_reason = "length"
+                    break
+        tail = text.flush()
+        if tail:
+            yield Event(None, tail, from_draft=False)
+    finally:  # also reached when the consumer closes the stream early
+        if stats.finish_reason is None:
+            stats.finish_reason = "cancelled"
+        stats.decode_s = decode_base + clock() - t_decode
+
+
+def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None, clock=time.perf_counter,
+                 started=False):
+    """Draft up to k tokens (0: none; a gate may end the chain sooner), verify them in one pass (started: the
+    target is computing the pass over the last committed token already, k is 0); the target's cache keeps the
+    accepted ones. Returns (drafts, accepted, next token, the target's laws (rule.Rows), draft end
+    time, verify end time)."""
+    drafts, draft_probs = [], None
+    if k > 0:
+        options = {"constraint": constraint} if constraint and drafter.grammar_aware else {}
+        if gate is not None:
+            options["gate"] = gate
+        drafts, draft_probs = drafter.propose(committed, k, params, rng, **options)
+    allowed = None
+    if constraint is not None:
+        drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
+    t1 = clock()
+    # the rows are read before the target's next pass: a view of its buffer where it has one
+    if started:
+        logits = target.collect()  # [1, V]
+    else:
+        logits = target.forward([committed[-1], *drafts], len(drafts) + 1, copy=False)  # [k+1, V]
+    if allowed is not None:  # the grammar first, then temperature, top-k, ... on what it allows
+        logits = np.where(allowed, logits, -np.inf)
+    target_laws = rule.Rows(logits, params)  # each row processed when the rule first reads it
+    # k = 0 is the same rule with nothing to accept: a plain target sample
+    n_acc, token = rule.verify(target_laws, rule.as_laws(draft_probs, len(drafts)), drafts, target.vocab.n_vocab, rng)
+    t2 = clock()
+    if len(committed) + n_acc < len(target.tokens):  # nothing to drop after a round that kept every draft
+        target.rollback(len(committed) + n_acc)
+    return drafts, n_acc, token, target_laws, t1, t2
+
+
+def _tree_round(target, drafter, committed, k, width, params, rng, clock=time.perf_counter):
+    """Draft a tree k deep with up to `width` candidates per depth, verify it in one pass; the target's cache
+    keeps the accepted branch. Returns (accepted tokens, their number, next token, tokens in the pass, the
+    tree's depth, draft end time, verify end time)."""
+    tree = drafter.propose_tree(committed, k, width, params, rng)
+    t1 = clock()
+    logits = target.forward_tree([committed[-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])  # [n+1, V]
+    path, token = verify_tree(to_probs(logits, params), tree.probs, np.asarray(tree.tokens, dtype=np.int64),
+                              np.asarray(tree.parents, dtype=np.int64), rng)
+    t2 = clock()
+    target.keep_branch([0, *(i + 1 for i in path)])  # the root and the accepted nodes; last_hidden their rows
+    accepted = [tree.tokens[i] for i in path]
+    return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2
+
+
+def _constrain(constraint, drafts, draft_probs):
+    """Cut the draft at its first token the grammar forbids; mask and renormalise the draft rows kept; the
+    allowed sets for the k+1 target rows [k+1, V]. The constraint is left where it was."""
+    allowed = [constraint.allowed()]
+    kept = 0
+    for token in drafts:
+        if not allowed[-1][token] or not constraint.consume(token):
+            break
+        kept += 1
+        allowed.append(constraint.allowed())
+    constraint.rollback(kept)
+    allowed = np.stack(allowed)  # [kept+1, V]
+    draft_laws = rule.restrict(rule.as_laws(draft_probs, len(drafts))[:kept], allowed[:kept])
+    return drafts[:kept], draft_laws, allowed

@@ -1,0 +1,100 @@
+"""Logits to probabilities: one `to_probs` for target and draft alike.
+
+Both models must see the same temperature, top-k, top-p and min-p, otherwise the draft proposes from
+a distribution the verification rule does not know about (still exact, but acceptance drops).
+Temperature 0 is greedy, expressed as a one-hot distribution so that verification has one path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise EdgespecError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise EdgespecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise EdgespecError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise EdgespecError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def to_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Turn logits [..., V] into probabilities [..., V] (float64, rows sum to 1).
+
+    Filters apply in llama.cpp's order: top-k, then temperature, then top-p, then min-p.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim == 1:
+        return _row_probs(logits, params)
+    return np.stack([_row_probs(row, params) for row in logits.reshape(-1, logits.shape[-1])]).reshape(
+        logits.shape
+    )
+
+
+def _row_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  # [V] -> [V]
+    n_vocab = logits.shape[0]
+    if params.greedy:
+        probs = np.zeros(n_vocab)
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    keep = np.ones(n_vocab, dtype=bool)
+    if 0 < params.top_k < n_vocab:
+        kth = np.partition(logits, n_vocab - params.top_k)[n_vocab - params.top_k]
+        keep &= logits >= kth
+    scaled = np.where(keep, logits / params.temperature, -np.inf)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        n_keep = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
+        mask = np.zeros(n_vocab, dtype=bool)
+        mask[order[:n_keep]] = True
+        probs = np.where(mask, probs, 0.0)
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    return probs / probs.sum()
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from probabilities [V]."""
+    # inverse-CDF on one uniform: cheaper than rng.choice's validation for a 49k vocabulary
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+def candidates(logits: np.ndarray, probs: np.ndarray, m: int, params: SamplingParams,
+               rng: np.random.Generator) -> np.ndarray:
+    """Up to m distinct token ids for one position of a draft tree, in the order the tree rule must test them.
+
+    Sampling: drawn one after another from probs without replacement (fewer where probs has fewer tokens), the
+    law decode/verify.verify_candidates assumes. Greedy: the m largest logits, the argmax first (the rule is
+    exact for any candidates against a one-hot target row)."""
+    if params.greedy:
+        top = np.argpartition(-logits, min(m, len(logits) - 1))[:m] if m < len(logits) else np.arange(len(logits))
+        return top[np.argsort(-logits[top], kind="stable")]
+    law, out = np.array(probs, dtype=np.float64), []
+    while len(out) < m and law.sum() > 0:
+        token = sample(law, rng)  # sample scales by the remaining mass
+        out.append(token)
+        law[token] = 0.0
+    return np.array(out, dtype=np.int64)

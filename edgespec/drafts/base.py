@@ -1,0 +1,295 @@
+"""Drafters: who proposes the next k tokens. The loop verifies; a drafter only guesses.
+
+A drafter returns tokens [<=k] and the laws it drew them from: a list of decode/laws.Law (a draft model),
+dense probability rows [<=k, V] (heads), or None for a deterministic guess (prompt lookup): each token had
+probability 1, for which the verification rule reduces to "accept with the target's probability of that
+token", and stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
+from edgespec.decode.cost import DraftController
+from edgespec.decode.laws import Law, law
+from edgespec.decode.sampling import SamplingParams, candidates, to_probs
+from edgespec.drafts.ngram import NgramIndex
+
+MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
+
+
+class Drafter:
+    """What the loop asks of a drafter, every optional ability declared here with what a drafter without it does,
+    so that the loop never asks whether a drafter has one:
+    - propose (each drafter's own): up to k tokens continuing `context`, and their laws (the module docstring);
+    - propose_tree, where `trees`: candidates per depth as a DraftTree, verified in one pass (heads);
+    - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
+    - observe_target, after each verify pass: the target's state that produced the committed token (heads);
+    - lookup_length: the next round's length where prompt lookup runs in front of it (LookupFirstDrafter).
+    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft), gated
+    (knows how sure it is: drafts under the controller's DraftGate), grammar_aware (drafts under a grammar's mask:
+    propose takes constraint=), last_free (its last proposal was prompt lookup's, taught to lookup_controller)."""
+
+    name = "draft"
+    free = False
+    gated = False
+    grammar_aware = False
+    trees = False
+    last_free = False
+    lookup_controller: DraftController | None = None
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                **options) -> tuple[list[int], list[Law] | np.ndarray | None]:
+        """Up to k tokens continuing `context`, and the laws they were drawn from (see the module docstring)."""
+        raise NotImplementedError
+
+    def propose_tree(self, context: list[int], k: int, width: int, params: SamplingParams,
+                     rng: np.random.Generator) -> DraftTree:
+        raise NotImplementedError(f"{self.name} drafts chains, not trees")
+
+    def reset(self) -> None:
+        """Before a generation (another text)."""
+
+    def catch_up(self, context: list[int]) -> None:
+        """Read `context[:-1]` before proposing, so that proposing costs k steps and not the tokens missed while the
+        loop did not draft."""
+
+    def observe_target(self, target: Backend, n_accepted: int, position: int) -> None:
+        """After a verify pass: the target's state at `position` produced the committed token (heads read it)."""
+
+    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
+        """The next round's length, given the loop's choice k."""
+        return k
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens as a tree under the last committed token (the root), for decode/verify.verify_tree.
+
+    Nodes follow their parents; the children of a node are in the order they were drawn."""
+
+    tokens: list[int]  # [n]
+    parents: list[int]  # [n]: -1 for a child of the root, else the index of an earlier node
+    probs: np.ndarray  # [n+1, V]: the law each node's children were drawn from; row 0 the root's, row i+1 node i's
+
+    @property
+    def depth(self) -> int:
+        """Nodes on the longest path from the root: the most tokens a round can accept."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+def confidence(logits: np.ndarray) -> float:
+    """How sure a draft is at a position: the top probability of its raw logits there (temperature 1, no
+    filters; greedy drafting makes every law one-hot), what a DraftGate reads.
+
+    It must not depend on the token drawn there: keeping a draw for what it is would keep some tokens more
+    often than the draft law says, and the rule, judging them by that law, would no longer be exact (a test
+    checks this is caught). A function of the position's logits is a function of the tokens before it."""
+    logits = np.asarray(logits)  # float32 from a model: a bin of the calibration needs no more
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
+def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.ndarray], k: int, width: int,
+                        params: SamplingParams, rng: np.random.Generator, n_vocab: int,
+                        ids: np.ndarray | None = None, gate=None) -> DraftTree:
+    """The tree a head drafts: a chain of k tokens, each with up to width - 1 siblings that are leaves.
+
+    At each depth the candidates come from the head's distribution there (sampling.candidates); the first
+    continues the chain, so the head runs once per depth as for a chain, and the siblings only widen the
+    verify pass. first_logits: the head's logits [S] for the first draft position; step(token, i): its
+    logits for position i + 1 once the chain has `token` at position i; ids maps the S outputs to vocabulary
+    ids (None: S is the vocabulary). gate (cost.DraftGate): asked with each depth's confidence whether to keep
+    that depth, and before each further step whether to take it."""
+    ids = np.arange(len(first_logits)) if ids is None else ids
+    tokens: list[int] = []
+    parents: list[int] = []
+    laws: list[tuple[int, np.ndarray]] = []  # (tree row, the law over ids its children came from)
+    logits, parent = first_logits, -1
+    for i in range(k):
+        q = to_probs(logits, params)  # [S]
+        picks = candidates(logits, q, width, params, rng)
+        if gate is not None and not gate.keep(confidence(logits)):
+            break
+        laws.append((parent + 1, q))
+        chain = len(tokens)
+        for pick in picks:
+            tokens.append(int(ids[pick]))
+            parents.append(parent)
+        parent = chain
+        if i + 1 < k:
+            if gate is not None and not gate.go_on():
+                break
+            logits = step(tokens[chain], i)
+    probs = np.zeros((len(tokens) + 1, n_vocab))
+    for row, q in laws:
+        probs[row, ids] = q
+    return DraftTree(tokens, parents, probs)
+
+
+# the shortest repeated n-gram a LookupFirstDrafter trusts over its inner drafter: from three tokens on, a
+# match is right first 65 % of the time, from one or two 19 % and 43 % (benchmarks/lookup.py)
+LOOKUP_FIRST_MIN_NGRAM = 3
+
+CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in its proposal's first pass
+
+
+class ModelDrafter(Drafter):
+    """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache.
+
+    Its context may be shorter than the target's: it then reads a window of recent tokens. The window
+    starts at a fixed token and jumps forward by half the draft's context when the text outgrows it, so
+    the draft's cache is rebuilt once per n_ctx / 2 tokens, not every step. Which tokens a draft reads
+    changes its guesses, never the output (the rule verifies whatever it proposes).
+    """
+
+    def __init__(self, backend: Backend, target_vocab=None):
+        if target_vocab is not None:
+            check_compatible(target_vocab, backend.vocab)
+        self.backend = backend
+        self.name = f"model:{backend.name}"
+        self._start = 0  # index in the context of the first token the draft reads
+        self._room = min(MAX_DRAFT, backend.n_ctx // 2)  # context kept free for what it drafts
+
+    def visible(self, context: list[int]) -> list[int]:
+        """The tail of `context` the draft reads, leaving room for a draft after it."""
+        n_ctx, room = self.backend.n_ctx, self._room
+        if len(context) + room <= n_ctx:
+            self._start = 0
+        elif not self._start < len(context) <= self._start + n_ctx - room:
+            self._start = len(context) - (n_ctx - room) // 2
+        return context[self._start:]
+
+    grammar_aware = True  # proposes from its distribution masked by a constraint, when given one
+
+    def catch_up(self, context: list[int]) -> None:
+        """A draft model that lags by at most CATCH_UP_LAG tokens (after any drafting round: the target's token, and
+        the last draft when all were accepted) is left as it is: its proposal reads them in one pass with the token
+        it must score, cheaper than two passes (measured here, SmolLM2 Q4_0: 11.5 ms for 2 tokens and a row of
+        logits against 7.9 + 10.1 ms)."""
+        seen = self.visible(context)
+        if len(seen) - common_prefix(self.backend.tokens, seen) > CATCH_UP_LAG:
+            sync(self.backend, seen[:-1], 0)
+
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+
+    def propose(self, context, k, params, rng, constraint=None, gate=None):
+        seen = self.visible(context)
+        k = min(k, self.backend.n_ctx - len(seen))
+        if k <= 0:
+            return [], []
+        logits = sync(self.backend, seen, 1)[0]  # [V]
+        tokens, laws = [], []
+        eog = self.backend.vocab.eog_ids
+        consumed = 0  # tokens the constraint advanced by, undone at the end
+        while True:
+            if constraint is not None:  # the grammar's mask before sampling, as the loop does for the target
+                logits = np.where(constraint.allowed(), logits, -np.inf)
+            row_law = law(logits, params)
+            token = draw(row_law, rng)
+            if gate is not None and not gate.keep(confidence(logits)):
+                break
+            tokens.append(token)
+            laws.append(row_law)
+            if constraint is not None:
+                if not constraint.consume(token):
+                    break
+                consumed += 1
+            if len(tokens) == k or token in eog:  # nothing worth drafting past the end
+                break
+            if gate is not None and not gate.go_on():
+                break
+            logits = self.backend.forward([token], 1, copy=False)[0]  # read before the next step
+        if constraint is not None:
+            constraint.rollback(consumed)
+        return tokens, laws
+
+
+class PromptLookupDrafter(Drafter):
+    """Prompt lookup decoding: find the latest earlier occurrence of the context's last n-gram
+    (longest n first) and propose the tokens that followed it. Costs no model call."""
+
+    def __init__(self, n_vocab: int, max_ngram: int = 3, min_ngram: int = 1):
+        self.n_vocab, self.max_ngram, self.min_ngram = n_vocab, max_ngram, min_ngram
+        self.name = "ngram"
+        self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
+        self._index = NgramIndex(max_ngram, min_ngram)
+
+    def propose(self, context, k, params, rng):
+        """Tokens with probability 1 each: no law."""
+        return self._index.lookup(context, k), None
+
+    def reset(self) -> None:
+        """Before a generation (another text)."""
+        self._index.reset()
+
+
+class LookupFirstDrafter(Drafter):
+    """Prompt lookup where the text repeats itself, another drafter (a draft model or heads) elsewhere.
+
+    Where the context's last min_ngram or more tokens occurred before, the tokens that followed them are the
+    proposal (free, one-hot); otherwise the inner drafter proposes. Which one proposes depends on the context
+    only, so the output law is untouched. Lookup rounds have a controller of their own (`lookup_controller`:
+    its acceptance, no draft cost; the target's pass costs shared with the inner drafter's controller), which
+    picks their length, also where the inner drafter would not pay; they teach the inner one's nothing.
+    The inner drafter's cache and its view of the target's states stay its own business."""
+
+    def __init__(self, inner: Drafter, n_vocab: int, min_ngram: int = LOOKUP_FIRST_MIN_NGRAM, max_ngram: int = 4):
+        self.inner, self.n_vocab = inner, n_vocab
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.name = f"ngram+{inner.name}"
+        self.gated, self.grammar_aware = inner.gated, inner.grammar_aware
+        self.last_free = False  # the last proposal came from lookup
+        self.lookup_controller: DraftController | None = None  # made from the loop's controller on first use
+        self._index = NgramIndex(max_ngram, min_ngram)
+        self._match: tuple[int, list[int]] = (-1, [])  # (context length, what lookup found there): one search a round
+
+    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
+        """The draft length of the next round: where lookup has a match, what its own controller chooses
+        (unless the length is fixed); elsewhere k, the loop's choice for the inner drafter."""
+        if self.lookup_controller is None or self.lookup_controller.target_costs is not controller.target_costs:
+            self.lookup_controller = DraftController(controller.target_costs, 0.0, controller.k_max)
+        if fixed or not self._lookup(context, 1):
+            return k
+        return self.lookup_controller.choose()
+
+    def _lookup(self, context, k: int) -> list[int]:
+        """Up to k tokens lookup proposes after `context`. The loop asks three times a round (length, catching up,
+        proposal) about a text that only grows between resets, so its length names it."""
+        if self._match[0] != len(context):
+            self._match = (len(context), self._index.lookup(context, MAX_DRAFT))
+        return self._match[1][:k]
+
+    def catch_up(self, context: list[int]) -> None:
+        """The inner drafter catches up only for a round it drafts: after lookup rounds it reads what it missed
+        in one pass, not one pass a round."""
+        if not self._lookup(context, 1):
+            self.inner.catch_up(context)
+
+    def propose(self, context, k, params, rng, **options):
+        """options (constraint, gate) go to the inner drafter; a lookup proposal needs neither."""
+        tokens = self._lookup(context, k)
+        self.last_free = bool(tokens)
+        if tokens:
+            return tokens, None
+        return self.inner.propose(context, k, params, rng, **options)
+
+    def reset(self) -> None:
+        """Before a generation (another text)."""
+        self._match = (-1, [])
+        self._index.reset()
+        self.inner.reset()
+
+    def observe_target(self, target, n_accepted: int, position: int) -> None:
+        self.inner.observe_target(target, n_accepted, position)
+
+
+def draw(row_law: Law, rng: np.random.Generator) -> int:
+    """A draft token from its law (a greedy law draws nothing from rng)."""
+    return row_law.sample(rng)
