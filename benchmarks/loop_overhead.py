@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from edgespec.backends.protocol import Vocab
+from edgespec.backends.protocol import Backend, Vocab
 from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
@@ -85,7 +85,7 @@ def widen(rows: np.ndarray, n_vocab: int, rng: np.random.Generator) -> np.ndarra
     return out
 
 
-class RowsBackend:
+class RowsBackend(Backend):
     """A Backend whose forward hands back rows from a bank: the row after token t at position i is bank[(t + i)
     % BANK], with `mode` deciding the next fed token's fate: "accept" makes it certain, "reject" impossible
     (and another id of the alphabet certain), None leaves the bank's row as it is."""

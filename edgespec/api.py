@@ -98,8 +98,7 @@ class Engine:
         """Where each model runs: {"target": ..., "draft": ... or None}, each with its runtime, its device ("cpu",
         a llama.cpp GPU such as CUDA0, an onnxruntime provider) and, for llama.cpp, the layers on the GPU."""
         def where(backend):
-            placement = getattr(backend, "placement", None)  # a backend that cannot say runs on the host
-            return placement() if placement else {"runtime": backend.name, "device": "cpu"}
+            return backend.placement()
 
         return {"target": where(self.target), "draft": where(self.draft_backend) if self.draft_backend else None}
 
@@ -157,7 +156,7 @@ class Engine:
 
     def close(self) -> None:
         for backend in (self.target, self.draft_backend):
-            if backend is not None and hasattr(backend, "close"):
+            if backend is not None:
                 backend.close()
 
 
@@ -167,10 +166,18 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
         return backend.tokenize(prompt, special=True)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     vocab = backend.vocab
-    text = render_chat(backend.chat_template(), messages,
-                       bos_token=vocab.texts[vocab.bos_id].decode("utf-8", "replace"),
-                       eos_token=vocab.texts[vocab.eos_id].decode("utf-8", "replace"))
-    return backend.tokenize(text, special=True)
+
+    def text_of(token: int) -> str:
+        return vocab.texts[token].decode("utf-8", "replace") if token >= 0 else ""  # -1: the model has none
+
+    text = render_chat(backend.chat_template(), messages, bos_token=text_of(vocab.bos_id),
+                       eos_token=text_of(vocab.eos_id))
+    tokens = backend.tokenize(text, special=True)
+    # a template that writes the BOS itself (Llama 3, Gemma, Mistral) and a tokenizer that adds one: keep one, as
+    # llama.cpp's common/chat.cpp does
+    if vocab.bos_id >= 0 and tokens[:2] == [vocab.bos_id] * 2 and text.startswith(text_of(vocab.bos_id)):
+        del tokens[0]
+    return tokens
 
 
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",

@@ -138,7 +138,7 @@ def runs_as_alone(engine: Engine) -> bool:
     """Whether the engine's target, drafting off, runs as the target loaded alone would. An ONNX session
     beside a draft spins its threads within runs only (or not at all); alone they spin on between runs too
     (benchmarks/onnx_spinning.py), so its target-only speed may not be what a user without a draft gets."""
-    return getattr(engine.target, "spin", True) is True
+    return engine.target.spins_between_runs
 
 
 def format_report(report: dict) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.backends.protocol import Vocab
+from edgespec.backends.protocol import Backend, Vocab
 
 EOS = 0
 
@@ -19,7 +19,9 @@ def make_vocab(n_vocab: int, eos: int = EOS) -> Vocab:
                  bos_id=eos, eos_id=eos, eog_ids=frozenset([eos]))
 
 
-class FakeBackend:
+class FakeBackend(Backend):
+    trees = True  # forward_tree, keep_branch
+
     def __init__(self, table: np.ndarray, *, n_ctx: int = 256, vocab: Vocab | None = None, name: str = "fake"):
         self.table = np.asarray(table, dtype=np.float64)  # [V, V]: row = last token, values = next logits
         self.vocab = vocab or make_vocab(self.table.shape[0])

@@ -1,4 +1,4 @@
-"""The backend protocol: what the speculative loop needs from a model runtime, and nothing more.
+"""The backend contract: what the speculative loop needs from a model runtime, and nothing more.
 
 A backend owns one model and one KV cache holding `tokens`. `forward` appends tokens to the cache and
 returns logits only for the last `n_logits` of them (a verify pass needs k+1 rows, a draft step one,
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -66,34 +65,68 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
         )
 
 
-class Backend(Protocol):
+class Backend:
+    """What the speculative loop needs from a model runtime. A backend subclasses this: the first five methods are
+    required; the abilities below them are declared here with what a backend without them does, so the loop and
+    the drafters ask a backend (`target.trees`, `target.prefetch(...)`) instead of probing it."""
+
     name: str  # a label for messages and stats, e.g. the file name
     vocab: Vocab
     n_ctx: int
     tokens: list[int]  # what the KV cache holds, in order
 
+    hidden: bool = False  # forward keeps the final hidden state of each returned row in last_hidden (draft heads)
+    last_hidden: np.ndarray | None = None  # [n_logits, n_embd] of the last forward, where hidden
+    trees: bool = False  # forward_tree and keep_branch: a draft tree verified in one pass
+    n_threads: int | None = None  # CPU threads the backend runs on, where it says
+    spins_between_runs: bool = True  # its threads keep the cores between passes (onnxruntime may stop them)
+
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         """Append tokens to the cache; return logits [n_logits, V] for the last n_logits of them. copy=False
         allows a read-only view of the backend's own buffer, valid until its next forward (a caller that reads
         the rows before then saves a copy of them; backends without such a buffer return a new array)."""
-        ...
+        raise NotImplementedError
 
     def rollback(self, n_past: int) -> None:
         """Truncate the cache to its first n_past tokens."""
-        ...
+        raise NotImplementedError
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Text to ids; with special, the vocabulary's BOS is added (if it wants one) and special
         token texts such as <|im_end|> parse as their ids."""
-        ...
+        raise NotImplementedError
 
     def chat_template(self) -> str | None:
         """The Jinja chat template from the model's metadata, if it has one."""
-        ...
+        return None
 
     def memory(self) -> dict[str, int]:
         """Bytes held: at least `weights` and `kv_cache`."""
-        ...
+        raise NotImplementedError
+
+    def placement(self) -> dict:
+        """Where the model runs: its runtime and device (and, for llama.cpp, the layers on a GPU)."""
+        return {"runtime": self.name, "device": "cpu"}
+
+    def prefetch(self, tokens: Sequence[int]) -> bool:
+        """Start a one-row forward of tokens without waiting for it (collect returns its rows); False, and
+        nothing done, where the backend cannot overlap a pass with the caller's work."""
+        return False
+
+    def collect(self) -> np.ndarray:
+        """The rows [1, V] of the pass prefetch started."""
+        raise RuntimeError(f"{self.name} never starts a pass ahead: collect without prefetch")
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Where `trees`: one pass over a draft tree (tokens[i] follows tokens[parents[i]]), rows [n, V]."""
+        raise NotImplementedError(f"{self.name} verifies chains only")
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        """Where `trees`: keep the tree's nodes on `path` in the cache, drop the rest."""
+        raise NotImplementedError(f"{self.name} verifies chains only")
+
+    def close(self) -> None:
+        """Release the model and its cache; the backend is unusable afterwards."""
 
 
 def check_forward(backend: Backend, n_tokens: int, n_logits: int, max_outputs: int) -> None:

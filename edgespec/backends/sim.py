@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.backends.protocol import MAX_OUTPUTS, Vocab, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
 from edgespec.decode.cost import PRIOR_WEIGHT, DraftController, measure_pass_costs, measure_read_cost
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
@@ -112,7 +112,7 @@ def sim_vocab(n_vocab: int) -> Vocab:
                  eos_id=EOS, eog_ids=frozenset([EOS]))
 
 
-class SimBackend:
+class SimBackend(Backend):
     """A Backend whose row at cache position i puts probability `top` on picks[i + 1], and whose passes advance
     `clock` by `seconds(n tokens)`, times a lognormal factor of mean 1 where jitter (its sigma) is above 0."""
 

@@ -150,12 +150,11 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     stats.prompt_tokens = len(committed)
     eog, pieces = target.vocab.eog_ids, target.vocab.pieces
     text = TextStream(stop)
-    trees = tree_width > 1 and constraint is None and drafter is not None and drafter.trees and hasattr(
-        target, "forward_tree")
+    trees = tree_width > 1 and constraint is None and drafter is not None and drafter.trees and target.trees
     gated = gate and draft_max is None and not trees and drafter is not None and drafter.gated
     # target-only decoding knows each pass's token before it hands the token out: a backend that can start the
     # pass then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn
-    start_next = getattr(target, "prefetch", None) if drafter is None or draft_max == 0 else None
+    start_next = target.prefetch if drafter is None or draft_max == 0 else None
     started = False  # the next round's pass is under way
 
     t_start = clock()

@@ -2,7 +2,8 @@
 
 `TextStream` turns token pieces into text that is safe to print as it comes: a UTF-8 character split
 across tokens waits for its last byte, and text that may be the start of a stop string waits until
-it is known not to be one.
+it is known not to be one. `render_chat` renders a model's Jinja chat template to the text Hugging Face
+transformers renders for it (docs/chat-templates.md).
 """
 
 from __future__ import annotations

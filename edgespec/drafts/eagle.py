@@ -279,7 +279,7 @@ class EagleDrafter(Drafter):
         if runner not in ("ggml", "numpy"):
             raise EdgespecError(f"unknown EAGLE runner {runner!r}: choose ggml or numpy")
         weights, self.subset, self.meta = load_eagle(path)
-        if not getattr(target, "hidden", False):
+        if not target.hidden:
             raise EdgespecError("an EAGLE head reads the target's hidden states: open the target with hidden=True "
                                 "(edgespec.load does this for a heads draft)")
         if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
@@ -292,7 +292,7 @@ class EagleDrafter(Drafter):
         self.n_vocab = self.embeddings.shape[0]
         if runner == "ggml":  # entries at positions 0 .. n_ctx-1, and a chain drafted past the last
             self.head = GgmlHead(weights, self.meta, output, n_ctx=target.n_ctx + MAX_OUTPUTS,
-                                 n_threads=n_threads or getattr(target, "n_threads", None), weight_type=weight_type)
+                                 n_threads=n_threads or target.n_threads, weight_type=weight_type)
         else:
             self.head = NumpyHead(weights, self.meta, output)
         one_blas_thread()
@@ -308,7 +308,7 @@ class EagleDrafter(Drafter):
 
     def observe_target(self, target, n_accepted: int, position: int) -> None:
         """After a verify pass whose first row sat at `position`: keep the rows for the committed tokens."""
-        rows = getattr(target, "last_hidden", None)
+        rows = target.last_hidden
         if rows is not None:
             for i in range(n_accepted + 1):
                 self.features[position + i] = rows[i]

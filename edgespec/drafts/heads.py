@@ -125,7 +125,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, path: str | os.PathLike, target, output: np.ndarray | None = None):
         """output: the target's output layer [V, E]; default: read from the target's GGUF or ONNX export."""
         self.weight, self.bias, self.meta, self.subset = load_heads(path)
-        if not getattr(target, "hidden", False):
+        if not target.hidden:
             raise EdgespecError("Medusa heads read the target's hidden states: open the target with hidden=True "
                                 "(edgespec.load does this for a heads draft)")
         if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
@@ -145,7 +145,7 @@ class MedusaDrafter(Drafter):
 
     def observe_target(self, target, n_accepted: int, position: int) -> None:
         """After a verify pass (first row at `position`): keep the hidden row that sampled the committed token."""
-        rows = getattr(target, "last_hidden", None)
+        rows = target.last_hidden
         self.feature = None if rows is None else rows[n_accepted].astype(np.float32)
 
     def reset(self) -> None:

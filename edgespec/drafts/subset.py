@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.backends.protocol import MAX_OUTPUTS, Vocab, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
 from edgespec.errors import EdgespecError
 
 SUBSET_KEY = "edgespec.draft.subset"  # int32 array: the token ids the draft's output layer keeps, ascending
@@ -131,7 +131,7 @@ def _narrow_gguf(reader, subset: np.ndarray, path: Path, n_ctx: int) -> None:
     _write(writer, path)
 
 
-class SubsetDraft:
+class SubsetDraft(Backend):
     """A draft GGUF with a subset, as a Backend (see backends/protocol.py): logits [n, V] with -inf off the
     subset. Settings as LlamaBackend's for a draft (f16 cache by default)."""
 

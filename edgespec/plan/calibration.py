@@ -102,7 +102,7 @@ def target_answer(target, prompt: list[int], params: SamplingParams, rng: np.ran
     for _ in range(max_tokens):
         logits = target.forward([last], 1)[0]
         rows.append(np.asarray(logits, dtype=np.float32))
-        if getattr(target, "last_hidden", None) is not None:
+        if target.last_hidden is not None:
             hidden.append(target.last_hidden[0].copy())
         last = sample(to_probs(logits, params), rng)
         tokens.append(last)

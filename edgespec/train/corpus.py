@@ -262,7 +262,7 @@ def teacher_forced(backend, seq: list[int], n_prompt: int, top_k: int):
         logits.append(np.take_along_axis(top_rows, order, axis=1).astype(np.float32))
         peak = rows.max(axis=1)
         lses.append((peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))).astype(np.float32))
-        if getattr(backend, "last_hidden", None) is not None:
+        if backend.last_hidden is not None:
             hiddens.append(backend.last_hidden.astype(np.float16))
     backend.rollback(0)
     return (np.concatenate(ids), np.concatenate(logits), np.concatenate(lses),

@@ -16,14 +16,16 @@ import numpy as np
 from edgespec.backends.llama.lib import KV_TYPES, check_gguf_file, logits_address
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.llama.model import LlamaHandles, LlamaTokenizer, chat_template_of, read_vocab, tokenize_text
-from edgespec.backends.protocol import MAX_OUTPUTS, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
 from edgespec.errors import EdgespecError
 
 __all__ = ["LlamaBackend", "LlamaTokenizer"]  # the tokenizer alone, importable from here as before
 
 
-class LlamaBackend(LlamaHandles):
+class LlamaBackend(LlamaHandles, Backend):
     """A GGUF model and its KV cache. See edgespec.backends.protocol.Backend for the contract."""
+
+    trees = True  # forward_tree, keep_branch
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,

@@ -35,7 +35,7 @@ from edgespec.backends.onnx.folder import (
     weight_files,
 )
 from edgespec.backends.onnx.vocab import read_vocab
-from edgespec.backends.protocol import MAX_OUTPUTS, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
 from edgespec.errors import EdgespecError
 
 PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
@@ -146,7 +146,7 @@ class DeviceCache:
             self.past[name] = self._ort.OrtValue.ortvalue_from_numpy(prefix, self._device, 0) if n_past else prefix
 
 
-class OnnxBackend:
+class OnnxBackend(Backend):
     """An exported ONNX decoder and its KV cache. See edgespec.backends.protocol.Backend for the contract."""
 
     def __init__(self, folder: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
@@ -162,6 +162,7 @@ class OnnxBackend:
         self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto",
                                      spin=spin)
         self.spin = spin
+        self.spins_between_runs = spin is True
         self.provider = self._session.get_providers()[0]  # what runs, after any fallback: the CLI prints it
         config = read_json(folder / "config.json")
         self._graph = read_graph(self._session, folder / MODEL_FILE, config)
