@@ -65,12 +65,10 @@ $(PAIR): | install
 # the f32 target's own Q4_0, trained through its rounding to agree with it, on its answers to 585 of the built-in
 # training prompts (every third of each category, at most 100): about 35 minutes on 2 CPU cores
 QAT_DRAFT := $(dir $(PAIR))draft-qat-q4_0.gguf
-QAT_PROMPTS := import json; from edgespec.train.distill import read_train_prompts as r; p = r(); \
-	[print(json.dumps(x)) for c in sorted({x["cat"] for x in p}) for x in [x for x in p if x["cat"] == c][::3][:100]]
 qat-draft: $(QAT_DRAFT)
 
 $(QAT_DRAFT): | pair
-	$(PY) -c '$(QAT_PROMPTS)' > $(PAIR_DIR)/qat-prompts.jsonl
+	$(PY) -m edgespec.train.prompts --every 3 --at-most 100 > $(PAIR_DIR)/qat-prompts.jsonl
 	$(VENV)/bin/edgespec distill --target $(dir $(PAIR))target-f32.gguf --source $(PAIR_DIR)/smollm2-135m-instruct-hf \
 		--prompts $(PAIR_DIR)/qat-prompts.jsonl --only-prompts --layers 30 --quant q4_0 --quant-aware --epochs 2 \
 		--lr 1e-4 --out $@
@@ -78,12 +76,10 @@ $(QAT_DRAFT): | pair
 # that draft, one more epoch with the f32 target's answers to the other 1215 built-in training prompts beside
 # the first 585: about 31 minutes of answers and 20 of training on 2 CPU cores
 QAT_DRAFT_ALL := $(dir $(PAIR))draft-qat2-q4_0.gguf
-REST_PROMPTS := import json; from edgespec.train.distill import read_train_prompts as r; \
-	q = [json.loads(line) for line in open("$(PAIR_DIR)/qat-prompts.jsonl")]; [print(json.dumps(x)) for x in r() if x not in q]
 qat-draft-all: $(QAT_DRAFT_ALL)
 
 $(QAT_DRAFT_ALL): | qat-draft
-	$(PY) -c '$(REST_PROMPTS)' > $(PAIR_DIR)/rest-prompts.jsonl
+	$(PY) -m edgespec.train.prompts --except $(PAIR_DIR)/qat-prompts.jsonl > $(PAIR_DIR)/rest-prompts.jsonl
 	$(VENV)/bin/edgespec distill --target $(dir $(PAIR))target-f32.gguf --source $(PAIR_DIR)/smollm2-135m-instruct-hf \
 		--prompts $(PAIR_DIR)/rest-prompts.jsonl --only-prompts --also-corpus $(QAT_DRAFT:.gguf=.corpus) \
 		--init $(QAT_DRAFT:.gguf=.hf) --layers 30 --quant q4_0 --quant-aware --epochs 1 --lr 1e-4 --out $@
@@ -111,7 +107,7 @@ bench-memory: pair
 	$(PY) benchmarks/memory.py --pair $(PAIR)
 
 lint: install
-	$(VENV)/bin/ruff check edgespec tests benchmarks
+	$(VENV)/bin/ruff check edgespec tests benchmarks experiments apps
 
 clean:
 	rm -rf $(VENV) build *.egg-info

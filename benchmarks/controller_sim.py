@@ -41,7 +41,7 @@ DEVICES = {d.name: d for d in (
            head_token=0.35e-3, source="issue figures (H200, edgespec on llama.cpp)"),
     # this CPU (2-core x86), the default model SmolLM2-135M-Instruct Q4_1: docs/controller.md (1, 2, 5 tokens);
     # its Q4_0 export as the draft: 7.9 ms a step, 11.5 ms for two tokens (drafts/base.py, catch_up); the
-    # EAGLE head 1.1 ms a step after a verify pass (docs/drafts.md, benchmarks/eagle_runners.py). Taken from the
+    # EAGLE head 1.1 ms a step after a verify pass (docs/drafts.md, experiments/eagle_runners.py). Taken from the
     # docs: measure_pass_costs here during this session moved by 2-60x with another benchmark on the cores.
     Device("cpu-default-q4_1", ms({1: 10.5, 2: 14.5, 5: 27.0}), draft_step=7.9e-3, draft_read=3.6e-3,
            head_token=1.1e-3, source="docs/controller.md, drafts/base.py, docs/drafts.md"),

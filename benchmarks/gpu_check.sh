@@ -77,7 +77,7 @@ for d in "$draft" ngram; do
     >"$OUT/bench-$name.json" 2>>"$OUT/log.txt"
 done
 log "each round of prompt lookup left to the controller"
-timeout 120 python3 benchmarks/controller_trace.py --target "$model" --draft ngram --json \
+timeout 120 python3 experiments/controller_trace.py --target "$model" --draft ngram --json \
   --prompt "Explain how vaccines train the immune system." --prompt "Write a short story about a lighthouse keeper." \
   >"$OUT/trace-ngram.json" 2>>"$OUT/log.txt"
 rm -f "$model" "$draft"

@@ -20,22 +20,18 @@ import numpy as np
 
 from edgespec.backends.model_info import read_model_info
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
+from edgespec.backends.open import open_model
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend
 from edgespec.decode.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
 from edgespec.decode.loop import Event, Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.text import render_chat
-from edgespec.drafts.base import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
-from edgespec.drafts.eagle import EAGLE_SUFFIX
-from edgespec.drafts.heads import HEADS_SUFFIX
-from edgespec.drafts.subset import SubsetDraft
+from edgespec.drafts.auto import AUTO_DRAFT, auto_draft, choose_draft
+from edgespec.drafts.base import Drafter
+from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
 from edgespec.plan import placement
 
-# "auto": prompt lookup; on an ONNX export the shipped EAGLE head was trained for, prompt lookup with the head behind
-# it, which bench measured faster there (docs/drafts.md, "Every kind, trained on the f32 target's own answers"); on
-# llama.cpp targets the head did not beat prompt lookup
-AUTO_DRAFT = "auto"
 DEFAULT_DRAFT = AUTO_DRAFT
 MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
@@ -85,8 +81,10 @@ class Engine:
     """A target model, an optional drafter, and the draft-length controller measured for them."""
 
     def __init__(self, target: Backend, drafter: Drafter | None, controller: DraftController | None,
-                 draft_backend: Backend | None = None, plan=None, tree_width: int = 1, gate: bool = True):
+                 draft_backend: Backend | None = None, plan=None, tree_width: int = 1, gate: bool = True,
+                 draft_choice: dict | None = None):
         self.target, self.drafter, self.controller = target, drafter, controller
+        self.draft_choice = draft_choice  # {"draft", "reason"}: the draft asked for, or what "auto" chose and why
         self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
         self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (cost.DraftGate)
         self.draft_backend = draft_backend
@@ -180,75 +178,12 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
     return tokens
 
 
-def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
-               kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False,
-               spin: bool | str = False) -> Backend:
-    """A backend for a model by its format: a .gguf file (llama.cpp) or an ONNX export folder (onnxruntime).
+def resolve_model(model):
+    """A hub name (org/repo[:QUANT][@REVISION] that is no file or folder here) as its GGUF in the hub cache,
+    downloaded if need be (models/hub.py); any other model as it is."""
+    from edgespec.models import hub
 
-    kv_type, n_ubatch and n_gpu_layers apply to llama.cpp; provider and spin (how threads spin between ops) to
-    onnxruntime; hidden (return hidden states too, for draft heads) to both.
-    """
-    path = Path(path)
-    if path.is_dir() or path.suffix.lower() == ".onnx":
-        from edgespec.backends.onnx.backend import OnnxBackend
-
-        return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider,
-                           hidden=hidden, spin=spin)
-    if path.suffix.lower() == ".gguf" or not path.suffix:
-        from edgespec.backends.llama.backend import LlamaBackend
-
-        return LlamaBackend(path, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type, n_ubatch=n_ubatch,
-                            n_gpu_layers=n_gpu_layers, hidden=hidden)
-    raise EdgespecError(f"unsupported model format '{path.suffix}' for {path}: edgespec runs .gguf files and "
-                        "ONNX export folders")
-
-
-LOOKUP_FIRST = "ngram+"  # "ngram+DRAFT": prompt lookup where the text repeats, DRAFT elsewhere
-
-
-def inner_draft(draft):
-    """The draft behind prompt lookup in a "ngram+DRAFT" spec; any other spec as it is."""
-    name = str(draft) if draft is not None else ""
-    return name[len(LOOKUP_FIRST):] if name.startswith(LOOKUP_FIRST) else draft
-
-
-def auto_draft(target: str | os.PathLike) -> str:
-    """The draft "auto" stands for with this target: "ngram+eagle" for an ONNX export that returns hidden states
-    and shares the shipped EAGLE head's vocabulary and width, "ngram" for anything else. Reads the export's graph
-    and tokenizer, loads nothing."""
-    from edgespec.backends.onnx.folder import MODEL_FILE
-    from edgespec.backends.onnx.weights import export_facts
-    from edgespec.drafts.eagle import load_eagle
-    from edgespec.models.default import shipped_draft
-
-    path = Path(target)
-    folder = path.parent if path.name == MODEL_FILE else path
-    if not (folder / MODEL_FILE).is_file():
-        return "ngram"
-    try:
-        facts = export_facts(folder)
-        _, _, meta = load_eagle(shipped_draft("eagle"))
-    except EdgespecError:
-        return "ngram"  # loading the target says what is wrong with it, if anything
-    fits = facts["hidden"] and (facts["vocab_digest"], facts["n_embd"]) == (meta["vocab_digest"], meta["n_embd"])
-    return f"{LOOKUP_FIRST}eagle" if fits else "ngram"
-
-
-def resolve_draft(draft):
-    """A draft spec with a shipped draft's name ("eagle", also after "ngram+") replaced by its file."""
-    from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
-
-    inner = inner_draft(draft)
-    if not isinstance(inner, str) or inner not in SHIPPED_DRAFTS:
-        return draft
-    path = shipped_draft(inner)
-    return f"{LOOKUP_FIRST}{path}" if inner != draft else path
-
-
-def heads_kind(draft) -> str | None:
-    """"medusa" or "eagle" for a heads file (by its name, or a shipped draft's name), else None."""
-    name = str(resolve_draft(draft)) if draft is not None else ""
-    return "medusa" if name.endswith(HEADS_SUFFIX) else "eagle" if name.endswith(EAGLE_SUFFIX) else None
+    return hub.resolve_gguf(model) if hub.is_hub_name(model) else model
 
 
 def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
@@ -266,71 +201,27 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
         target = default_target()
     if draft == AUTO_DRAFT:
         draft = auto_draft(target)
-    draft = inner_draft(resolve_draft(draft))  # prompt lookup in front of a draft needs no memory of its own
-    kind = ("none" if draft in (None, "none") else "ngram" if str(draft) == "ngram"
-            else "heads" if heads_kind(draft) else "model")
+    target = resolve_model(target)
+    spec = parse_draft(draft).resolved().inner  # prompt lookup in front of a draft needs no memory of its own
+    kind = {"none": "none", "lookup": "ngram", "model": "model"}.get(spec.kind, "heads")
     target_info = read_model_info(target)
     heads_bytes = None
-    if heads_kind(draft) == "eagle":
+    if spec.kind == "eagle":
         from edgespec.drafts.eagle import eagle_bytes
 
         rows = {t.name: t.type for t in target_info.tensors}
         rows = rows.get("output.weight") or rows.get("token_embd.weight")
-        heads_bytes = eagle_bytes(draft, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096,
+        heads_bytes = eagle_bytes(spec.source, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096,
                                   rows_quantized=rows not in ("F32", "F16"))
-    elif heads_kind(draft) == "medusa":
+    elif spec.kind == "medusa":
         from edgespec.drafts.heads import medusa_bytes
 
-        heads_bytes = medusa_bytes(draft, target_info.n_vocab, target_info.n_embd)
-    draft_info = read_model_info(draft) if kind == "model" else None
+        heads_bytes = medusa_bytes(spec.source, target_info.n_vocab, target_info.n_embd)
+    draft_info = read_model_info(spec.source) if kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
     return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
                      kv_type=kv_type, drafter=kind, k_max=k_max, heads_bytes=heads_bytes)
-
-
-def open_drafter(draft, target: Backend, *, window: int | None = None, threads: int | None = None,
-                 provider: str = "cpu", **settings) -> tuple[Drafter | None, Backend | None, float]:
-    """The drafter for `draft` (see `load`) against a loaded target: (drafter, its own backend if it is a model,
-    seconds per drafted token measured here). window: recent tokens a draft model reads (default 1024);
-    settings: llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
-    from edgespec.drafts.base import MAX_DRAFT
-    from edgespec.plan.planner import DRAFT_WINDOWS
-
-    draft = resolve_draft(draft)
-    heads = heads_kind(draft)
-    if draft in (None, "none"):
-        return None, None, 0.0
-    if inner_draft(draft) != draft:
-        if inner_draft(draft) in ("ngram", "none", ""):
-            raise EdgespecError(f"{draft!r}: after 'ngram+' name a draft model or heads file (ngram+draft.gguf)")
-        inner, backend, cost = open_drafter(inner_draft(draft), target, window=window, threads=threads,
-                                            provider=provider, **settings)
-        return LookupFirstDrafter(inner, target.vocab.n_vocab), backend, cost
-    if str(draft) == "ngram":
-        return PromptLookupDrafter(target.vocab.n_vocab), None, 0.0
-    if heads == "eagle":
-        from edgespec.drafts.eagle import EagleDrafter
-
-        drafter = EagleDrafter(draft, target, n_threads=threads)
-        return drafter, None, drafter.measure_cost()
-    if heads == "medusa":
-        from edgespec.drafts.heads import MedusaDrafter
-
-        drafter = MedusaDrafter(draft, target)
-        return drafter, None, drafter.measure_cost()
-    # a draft model reads a window of recent tokens, and needs room for what it drafts
-    draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
-    if Path(draft).suffix.lower() == ".gguf" and Path(draft).is_file() and read_model_info(draft).draft_vocab:
-        # drafts from the subset its file carries (edgespec draft-vocab); on the CPU, as llama.cpp vector input
-        backend = SubsetDraft(draft, n_ctx=draft_ctx, n_threads=threads, kv_type=settings.get("kv_type", "f16"))
-    else:
-        backend = open_model(draft, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
-    try:
-        return ModelDrafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
-    except BaseException:
-        backend.close()
-        raise
 
 
 def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
@@ -341,10 +232,13 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     """Load a target and a draft and measure what drafting costs on this device.
 
     Args:
-        target: a GGUF file or ONNX export folder; None for the default model (SmolLM2-135M-Instruct).
+        target: a GGUF file, an ONNX export folder, or a GGUF on the Hugging Face hub by name,
+            org/repo[:QUANT][@REVISION] (models/hub.py); None for the default model (SmolLM2-135M-Instruct).
         draft: "auto" (the default: prompt lookup, with the shipped EAGLE head behind it on an ONNX export of the
-            default model, where bench measured that faster), "ngram" (prompt lookup), "none", a model (GGUF
-            file or ONNX export folder) sharing the target's vocabulary (the two may be of different formats), or
+            default model, where bench measured that faster; for a target by hub name, a smaller model with its
+            vocabulary found in the hub cache or the catalogue, choose_draft), "ngram" (prompt lookup), "none", a
+            model (GGUF file, ONNX export folder or hub name) sharing the target's vocabulary (the two may be of
+            different formats), or
             heads trained for this target (*.medusa.npz or *.eagle.npz from edgespec train-heads); "eagle": the
             EAGLE head that ships for the default model; "ngram+" before a model or heads: prompt lookup where
             the text repeats itself, that draft elsewhere.
@@ -377,19 +271,23 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
 
         target = default_target()
     if draft == AUTO_DRAFT:
-        draft = auto_draft(target)
-    draft = resolve_draft(draft)
+        choice = choose_draft(target)
+        draft = choice.get("path", choice["draft"])
+    else:
+        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for"}
+    target = resolve_model(target)
+    draft = parse_draft(draft).resolved()
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise EdgespecError(f"tree width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
-    if tree_width > 1 and heads_kind(draft) is None:
+    if tree_width > 1 and draft.heads is None:
         raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
                             "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
     if tree_width > 1 and (Path(target).is_dir() or Path(target).suffix.lower() == ".onnx"):
         raise EdgespecError(f"{target}: draft trees are verified in one pass by llama.cpp (GGUF targets); heads on an "
                             "ONNX target draft chains (tree width 1)")
-    if tree_width > 1 and inner_draft(draft) != draft:
+    if tree_width > 1 and draft.lookup_first:
         raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
                             "of 1")
     layers = placement.parse_gpu_layers(gpu_layers)
@@ -416,9 +314,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
     provider = provider or ("cpu" if layers == 0 else "auto")
     if spin is None:
-        spin = True if draft is None or str(draft) in ("none", "ngram") else SPIN_WITHIN_RUNS
+        spin = True if draft.kind in ("none", "lookup") else SPIN_WITHIN_RUNS
     target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=hidden or heads_kind(draft) is not None, spin=spin, **settings)
+                                hidden=hidden or draft.heads is not None, spin=spin, **settings)
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
                                                           provider=provider, **draft_settings)
@@ -434,4 +332,5 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
         controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
         controller.read_cost = measure_read_cost(draft_backend)  # what catching up on skipped text costs it
-    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate)
+    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate,
+                  draft_choice=choice)

@@ -12,10 +12,9 @@ from collections import Counter, defaultdict
 from importlib import resources
 from pathlib import Path
 
-import click
-
 from edgespec.api import Engine
 from edgespec.errors import EdgespecError
+from edgespec.progress import Steps
 
 
 def read_prompts(path: str | Path | None) -> list[dict]:
@@ -57,7 +56,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     aware = engine.drafter.grammar_aware
     if aware and not grammar_drafts:
         engine.drafter.grammar_aware = False  # this engine's drafter, for this bench
-    bar = click.progressbar(length=len(prompts), label="bench", file=sys.stderr) if progress else None
+    bar = Steps(len(prompts), "bench", progress)
     for i, row in enumerate(prompts):
         order = ["base", "spec"] if i % 2 == 0 else ["spec", "base"]
         outputs = {}
@@ -84,10 +83,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             t["rounds_with_draft"] += sum(s.accept_counts.values())
             t["draft_lengths"].update(s.draft_lengths)
             t["same"] += outputs["spec"].tokens == outputs["base"].tokens
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.render_finish()
+        bar.step()
+    bar.finish()
     categories = {}
     for cat, t in totals.items():
         base_tps = t["base"][0] / t["base"][1] if t["base"][1] else 0.0
@@ -137,7 +134,7 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
 def runs_as_alone(engine: Engine) -> bool:
     """Whether the engine's target, drafting off, runs as the target loaded alone would. An ONNX session
     beside a draft spins its threads within runs only (or not at all); alone they spin on between runs too
-    (benchmarks/onnx_spinning.py), so its target-only speed may not be what a user without a draft gets."""
+    (experiments/onnx_spinning.py), so its target-only speed may not be what a user without a draft gets."""
     return engine.target.spins_between_runs
 
 

@@ -102,26 +102,10 @@ def environment() -> dict:
     out = {"edgespec": __version__, "python": platform.python_version(), "platform": platform.platform(),
            "numpy": np.__version__, "cpus": os.cpu_count(),
            "memory": {"total": psutil.virtual_memory().total, "available": psutil.virtual_memory().available}}
-    try:
-        import llama_cpp
+    from edgespec.backends.llama.lib import build_info
+    from edgespec.backends.onnx.folder import runtime_info
 
-        from edgespec.backends.llama.lib import devices
-
-        info = llama_cpp.llama_print_system_info().decode()
-        out["llama_cpp"] = {"version": llama_cpp.__version__, "system_info": info.strip(),
-                            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
-                            "build": ("cuda" if "CUDA" in info else "metal" if "METAL" in info.upper() else
-                                      "cpu") + (", native" if "NATIVE" in info.upper() else ""),
-                            "devices": devices()}
-    except ImportError:
-        out["llama_cpp"] = None
-    try:
-        import onnxruntime
-
-        out["onnxruntime"] = {"version": onnxruntime.__version__,
-                              "providers": onnxruntime.get_available_providers()}
-    except ImportError:
-        out["onnxruntime"] = None
+    out["llama_cpp"], out["onnxruntime"] = build_info(), runtime_info()
     for name in ("llguidance", "torch"):
         try:
             out[name] = __import__(name).__version__ if name == "torch" else _version(name)

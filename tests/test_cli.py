@@ -125,7 +125,7 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
 
 def test_training_commands_answer_the_built_in_prompts_and_yours_or_yours_only(tmp_path):
     from edgespec.cli.train import training_prompts
-    from edgespec.train.distill import read_train_prompts
+    from edgespec.train.prompts import read_train_prompts
 
     mine = tmp_path / "p.jsonl"
     mine.write_text('{"cat": "robot", "prompt": "Turn left."}\n')

@@ -364,7 +364,7 @@ def test_a_grown_draft_computes_what_it_computed_until_trained(soft_checkpoint):
     import torch
     from transformers import LlamaForCausalLM
 
-    from edgespec.train.distill import grow
+    from edgespec.train.draft_model import grow
 
     model = LlamaForCausalLM.from_pretrained(soft_checkpoint, dtype=torch.float32)
     grown, layout = grow(model, 7)
@@ -442,3 +442,19 @@ def test_a_subset_drafts_loss_is_its_cross_entropy_over_the_subset(soft_checkpoi
     top = subset[logq.argmax(1)]
     assert agree.tolist() == [bool(top[i] == topk_ids[i, 0]) for i in range(len(p))]
     assert agree[0] and not agree[2]
+
+
+def test_make_targets_select_the_training_prompts_they_say(tmp_path, capsys):
+    """make qat-draft trains on every third prompt of each category (at most 100: 585 prompts), make qat-draft-all
+    on the other 1215, in the file's order."""
+    from edgespec.train.prompts import main, read_train_prompts
+
+    main(["--every", "3", "--at-most", "100"])
+    first = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (tmp_path / "first.jsonl").write_text("".join(json.dumps(x) + "\n" for x in first))
+    main(["--except", str(tmp_path / "first.jsonl")])
+    rest = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    everything = read_train_prompts()
+    assert len(first) == 585 and len(rest) == len(everything) - 585 == 1215
+    assert rest == [x for x in everything if x not in first]
+    assert all(sum(x["cat"] == c for x in first) <= 100 for c in {x["cat"] for x in first})

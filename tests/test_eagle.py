@@ -231,11 +231,12 @@ def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(d
 
 
 def test_shipped_drafts_are_named_and_unknown_names_refused():
-    from edgespec.api import heads_kind, resolve_draft
+    from edgespec.drafts.spec import parse_draft
     from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
 
-    assert heads_kind("eagle") == heads_kind("ngram+eagle") == "eagle"
-    assert resolve_draft("ngram+eagle") == f"ngram+{shipped_draft('eagle')}" and resolve_draft("ngram") == "ngram"
+    assert parse_draft("eagle").heads == parse_draft("ngram+eagle").heads == "eagle"
+    assert str(parse_draft("ngram+eagle").resolved()) == f"ngram+{shipped_draft('eagle')}"
+    assert str(parse_draft("ngram").resolved()) == "ngram"
     for name in SHIPPED_DRAFTS:
         _, _, meta = load_eagle(shipped_draft(name))
         assert meta["n_embd"] == 576  # SmolLM2-135M's width; the vocabulary is checked at load

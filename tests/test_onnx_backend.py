@@ -274,7 +274,8 @@ def test_the_default_draft_is_prompt_lookup_where_the_shipped_head_does_not_fit(
     """"auto" puts the shipped EAGLE head behind prompt lookup only on an export it was trained for (the real
     export, in the slow test below); the tiny export shares the vocabulary but is 64 wide, the default model is a
     GGUF (where the head did not beat prompt lookup), and a folder that is no export is left to load's error."""
-    from edgespec.api import DEFAULT_DRAFT, auto_draft, load
+    from edgespec.api import DEFAULT_DRAFT, load
+    from edgespec.drafts.auto import auto_draft
 
     assert DEFAULT_DRAFT == "auto"
     assert auto_draft(tiny_onnx) == auto_draft(tiny_onnx / "model.onnx") == "ngram"
@@ -528,7 +529,8 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
                                                                            smollm2_f32_gguf):
     """The EAGLE head that ships (trained on llama.cpp's hidden states) on the ONNX export of the same checkpoint:
     the export's hidden states and output layer equal the f32 GGUF's, and greedy output equals target-only."""
-    from edgespec.api import auto_draft, load
+    from edgespec.api import load
+    from edgespec.drafts.auto import auto_draft
     from edgespec.drafts.heads import output_matrix
 
     assert auto_draft(smollm2_onnx) == "ngram+eagle"  # the default draft here: bench measured it faster

@@ -44,7 +44,7 @@ def test_the_rounding_trained_through_is_the_one_the_export_writes(tiny_checkpoi
     from transformers import LlamaForCausalLM
 
     from edgespec.export import export
-    from edgespec.train.distill import fake_quant
+    from edgespec.train.quant_aware import fake_quant
 
     export(str(tiny_checkpoint), "gguf", quant, tmp_path / "m.gguf", progress=False, parity=False)
     model = LlamaForCausalLM.from_pretrained(tiny_checkpoint, torch_dtype=torch.float32)
@@ -61,7 +61,8 @@ def test_the_rounding_trained_through_is_the_one_the_export_writes(tiny_checkpoi
 def test_wrapped_layers_compute_with_rounded_weights_and_train_the_float_ones(tiny_checkpoint):
     import torch
 
-    from edgespec.train.distill import fake_quant, init_draft, keep_rounded, round_layers
+    from edgespec.train.draft_model import init_draft
+    from edgespec.train.quant_aware import fake_quant, keep_rounded, round_layers
 
     draft, picks = init_draft(tiny_checkpoint, 2, full_depth=True)  # all the target's layers
     assert picks == [0, 1]
@@ -113,7 +114,7 @@ def test_a_full_depth_draft_without_rounding_or_an_unknown_type_is_refused_befor
 
 
 def test_a_full_depth_draft_goes_on_training_only_quantization_aware(soft_checkpoint):
-    from edgespec.train.distill import check_init
+    from edgespec.train.draft_model import check_init
 
     check_init(soft_checkpoint, soft_checkpoint, full_depth=True)  # a Llama of the target's shapes and depth
     check_init(soft_checkpoint, soft_checkpoint, n_layers=3, full_depth=True)  # --layers as when it was made
@@ -136,7 +137,8 @@ def test_a_quantization_aware_full_depth_draft_trains_exports_and_pairs_exactly(
 
     from edgespec.api import load
     from edgespec.export import export
-    from edgespec.train.distill import distill, fake_quant
+    from edgespec.train.distill import distill
+    from edgespec.train.quant_aware import fake_quant
 
     target = tmp_path / "target.gguf"
     export(str(soft_checkpoint), "gguf", "f32", target, progress=False, parity=False)

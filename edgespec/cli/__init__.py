@@ -1,12 +1,12 @@
-"""The `edgespec` command, its commands grouped by what they do (run, measure, train, export), all on the
-Python API (edgespec.api)."""
+"""The `edgespec` command, its commands grouped by what they do (run, measure, train, export, models), all on
+the Python API (edgespec.api)."""
 
 from __future__ import annotations
 
 import click
 
 from edgespec import __version__
-from edgespec.cli import export, measure, run, train
+from edgespec.cli import export, measure, models, run, train
 from edgespec.errors import EdgespecError
 
 
@@ -28,5 +28,5 @@ def main():
 
 for command in (run.generate, run.chat, run.serve, measure.bench, measure.plan, measure.profiles, measure.doctor,
                 measure.advise, train.distill, train.draft_vocab_cmd, train.train_heads_cmd, export.export_cmd,
-                export.export_pair_cmd, export.default_checkpoint):
+                export.export_pair_cmd, export.default_checkpoint, models.pull, models.models_cmd):
     main.add_command(command)

@@ -7,8 +7,10 @@ import sys
 
 import click
 
-from edgespec.api import DEFAULT_DRAFT, Engine, heads_kind, inner_draft
+from edgespec.api import DEFAULT_DRAFT, Engine
+from edgespec.cli.models import draft_choice, print_choice
 from edgespec.cli.options import model_options, plan_options, read_schema, status
+from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
 
 
@@ -58,9 +60,13 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
                 if not runs_as_alone(engine):
                     alone = alone or load_engine("none")
                     baseline = alone
+                choice = draft_choice(engine, other)
+                if not as_json:
+                    print_choice(choice)
                 reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
                                          draft_max=draft_max, progress=not as_json and sys.stderr.isatty(),
                                          json_schema=schema, grammar_drafts=not grammar_unaware, baseline=baseline))
+                reports[-1]["draft_choice"] = choice
             finally:
                 engine.close()
             if not as_json:
@@ -200,18 +206,18 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
            check_per_category, check_file, seed, as_json):
     """Predict acceptance and speed-up per category and draft length from a calibration sample, recommend a
     draft and a draft length (or not to speculate); --check measures the prediction on held-out prompts."""
-    from edgespec.api import open_drafter, resolve_draft
     from edgespec.decode.sampling import SamplingParams
     from edgespec.plan import advise as advice
 
     options = load_engine.options
-    also = [resolve_draft(other) for other in also]  # a shipped draft's name: its file, which advise reads
-    names = [str(resolve_draft(options["draft"])), *map(str, also)]
+    # a shipped draft's name or a hub name: its file, which advise reads
+    also = [str(parse_draft(other).resolved()) for other in also]
+    names = [str(parse_draft(options["draft"]).resolved()), *also]
     if "none" in names:
         raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
     if len(set(names)) < len(names):
         raise EdgespecError("each draft once, please: " + ", ".join(names))
-    mixed = [n for n in names if inner_draft(n) != n]
+    mixed = [n for n in names if parse_draft(n).lookup_first]
     if mixed:  # its model has no per-position law for lookup rounds; bench measures such a draft instead
         raise EdgespecError(f"advise models one kind of draft at a time, not {', '.join(mixed)}: advise on its parts "
                             "(ngram and the draft), and measure the two together with edgespec bench")
@@ -221,7 +227,7 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
         raise EdgespecError(f"{prompts_file} leaves no prompt to hold out for --check: give two or more per category")
     if not as_json:
         status("loading models ...")
-    engine = load_engine(hidden=any(heads_kind(d) for d in names))
+    engine = load_engine(hidden=any(parse_draft(d).heads for d in names))
     extra = []
     try:
         drafters = {engine.drafter.name: engine.drafter}

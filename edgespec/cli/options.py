@@ -7,7 +7,9 @@ import json
 
 import click
 
-from edgespec.api import AUTO_DRAFT, DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, auto_draft, heads_kind, inner_draft, load
+from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, load
+from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
+from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
 
 
@@ -69,8 +71,8 @@ def model_options(f):
         if draft == AUTO_DRAFT:  # what it stands for with this target, for commands that read the draft's name
             draft = auto_draft(target) if target else "ngram"  # the default model is a GGUF
         def load_engine(other_draft=None, **extra):
-            chains = other_draft is not None and (heads_kind(other_draft) is None
-                                                  or inner_draft(other_draft) != other_draft)
+            other = parse_draft(other_draft) if other_draft is not None else None
+            chains = other is not None and (other.heads is None or other.lookup_first)
             width = 1 if chains else tree_width
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
                         device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from edgespec.cli.models import draft_choice, print_choice
 from edgespec.cli.options import describe, model_options, read_schema, sampling_options, status
 from edgespec.errors import EdgespecError
 
@@ -23,14 +24,16 @@ def generate(prompt, load_engine, chat, schema_file, as_json, **sampling):
     if not as_json:
         status("loading models and measuring draft costs ...")
     engine = load_engine()
+    choice = draft_choice(engine)
     if not as_json:
         status(describe(engine))
+        print_choice(choice)
     stream = engine.stream(prompt, chat=chat, json_schema=read_schema(schema_file), **sampling)
     if as_json:
         for _ in stream:
             pass
         click.echo(json.dumps({"text": stream.text, "tokens": stream.tokens, **stream.stats.to_dict(),
-                               "placement": engine.placement()}))
+                               "placement": engine.placement(), "draft_choice": choice}))
         return
     for event in stream:
         click.echo(event.text, nl=False)
@@ -61,6 +64,7 @@ def chat(load_engine, system, **sampling):
     status("loading models and measuring draft costs ...")
     engine = load_engine()
     status(f"edgespec chat: {describe(engine)}. /help for commands.")
+    print_choice(draft_choice(engine))
     history = [{"role": "system", "content": system}] if system else []
     last_stats = None
     while True:
@@ -132,6 +136,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     status("loading models and measuring draft costs ...")
     engine = load_engine()
     status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+    print_choice(draft_choice(engine))
     try:
         run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
                    max_queue=max_queue, request_timeout=request_timeout)

@@ -31,7 +31,7 @@ def training_prompt_options(f):
 
 def training_prompts(prompts_file: str | None, only: bool) -> list[dict]:
     from edgespec.bench import read_prompts
-    from edgespec.train.distill import read_train_prompts
+    from edgespec.train.prompts import read_train_prompts
 
     if only and not prompts_file:
         raise click.UsageError("--only-prompts needs --prompts FILE")

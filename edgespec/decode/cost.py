@@ -215,7 +215,7 @@ class DraftController:
         """The next round's draft length. While no length pays, a round of 1 now and then re-tests acceptance,
         which may have changed with the text. A probe is not cheap for a draft model: before it drafts, it
         reads every token it missed in one batched pass, so probes that do not bring drafting back come ever
-        more rarely, and most tokens a declined draft missed are never read (benchmarks/declined_draft.py).
+        more rarely, and most tokens a declined draft missed are never read (experiments/declined_draft.py).
         Drafting that pays again after idle rounds resumes only if it repays that reading within REPAY_ROUNDS.
         Where reading a missed token costs more than PROBE_READ_MAX of a target step (a draft model on a CPU, or
         beside a GPU's own small-batch costs), no probe comes at all: the reading alone would cost that share

@@ -134,7 +134,7 @@ def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.
 
 
 # the shortest repeated n-gram a LookupFirstDrafter trusts over its inner drafter: from three tokens on, a
-# match is right first 65 % of the time, from one or two 19 % and 43 % (benchmarks/lookup.py)
+# match is right first 65 % of the time, from one or two 19 % and 43 % (experiments/lookup.py)
 LOOKUP_FIRST_MIN_NGRAM = 3
 
 CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in its proposal's first pass

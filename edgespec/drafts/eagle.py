@@ -169,14 +169,12 @@ def write_head_gguf(path: Path, weights: dict[str, np.ndarray], meta: dict, outp
     """The head's decoder layer, final norm and output rows [S, E] as a one-layer Llama GGUF (the output
     tied to token_embd, which the head never reads: its inputs are vectors). Its vocabulary is S
     placeholder tokens, one per output row."""
-    import gguf
-    from gguf.quants import quantize
+    from edgespec.backends import gguf_file
 
     if weight_type not in WEIGHT_TYPES:
         raise EdgespecError(f"unknown head weight type {weight_type!r}: choose one of {', '.join(WEIGHT_TYPES)}")
-    qtype = gguf.GGMLQuantizationType[weight_type.upper()]
     n_embd, n_rows = weights["attn_norm"].shape[0], len(output)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf_file.new_writer(path, "llama")
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(1)
@@ -186,29 +184,12 @@ def write_head_gguf(path: Path, weights: dict[str, np.ndarray], meta: dict, outp
     writer.add_rope_freq_base(meta["rope_base"])
     writer.add_rope_dimension_count(n_embd // meta["n_head"])
     writer.add_layer_norm_rms_eps(meta["eps"])
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<row {i}>".encode() for i in range(n_rows)])
-    writer.add_token_scores([0.0] * n_rows)
-    writer.add_token_types([gguf.TokenType.NORMAL] * n_rows)
-
-    def add(name: str, a: np.ndarray) -> None:
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        block = gguf.GGML_QUANT_SIZES[qtype][0]
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32 and a.shape[1] % block == 0:
-            writer.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
-        elif a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:  # rows not a whole number of blocks
-            writer.add_tensor(name, a.astype(np.float16))
-        else:
-            writer.add_tensor(name, a)
-
-    add("token_embd.weight", output)
-    add("output_norm.weight", weights["out_norm"])
+    gguf_file.add_placeholder_vocab(writer, n_rows)
+    gguf_file.add_weights(writer, "token_embd.weight", output, weight_type)
+    gguf_file.add_weights(writer, "output_norm.weight", weights["out_norm"], weight_type)
     for name in LAYER_WEIGHTS:
-        add(f"blk.0.{name}.weight", weights[name])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        gguf_file.add_weights(writer, f"blk.0.{name}.weight", weights[name], weight_type)
+    gguf_file.write(writer)
     return path
 
 
@@ -248,13 +229,13 @@ def eagle_bytes(path: str | os.PathLike, n_vocab: int, n_ctx: int, *, rows_quant
     read), fc in float32, and in llama.cpp the layer and output rows in weight_type, a float32 KV cache and
     attention scores [n_ctx, HEAD_UBATCH, n_head]. At load, for a moment: the head's weights and output rows
     in float32 and the GGUF written from them."""
-    import gguf
+    from edgespec.backends import gguf_file
 
     with np.load(path) as z:
         shapes = {name: z[name].shape for name in ("subset", "meta", *WEIGHTS)}  # npz members load one at a time
         meta = json.loads(bytes(z["meta"]).decode())
     n_embd, n_subset, n_rows = shapes["attn_norm"][0], shapes["subset"][0], n_ctx + MAX_OUTPUTS
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[weight_type.upper()]]
+    block, size = gguf_file.block_size(weight_type)
     matrices = sum(int(np.prod(shapes[name])) for name in LAYER_WEIGHTS if len(shapes[name]) == 2)
     matrices += n_subset * n_embd
     every_weight = sum(int(np.prod(shapes[name])) for name in WEIGHTS)

@@ -37,9 +37,7 @@ def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32)
     float32 or f16 come back as a view of the file (no copy); quantized rows are dequantized a block of rows
     at a time into a `quantized_as` array. The tensor is found from the streamed header: GGUFReader builds
     the whole vocabulary first, which here took the EAGLE drafter's load from a 76 MB to a 180 MB peak."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
+    from edgespec.backends import gguf_file
     from edgespec.backends.model_info import read_gguf_header
 
     if Path(gguf_path).is_dir():
@@ -52,15 +50,14 @@ def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32)
     if tensor is None:
         raise EdgespecError(f"{gguf_path} has no output layer to share with draft heads")
     rows, n_embd = tensor.shape
-    gtype = GGMLQuantizationType[tensor.type]
-    block, type_size = GGML_QUANT_SIZES[gtype]
+    block, type_size = gguf_file.block_size(tensor.type)
     row_bytes = n_embd // block * type_size
     data = np.memmap(gguf_path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(rows, row_bytes))
-    if gtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        return data.view(np.float32 if gtype == GGMLQuantizationType.F32 else np.float16)
+    if gguf_file.is_float(tensor.type):
+        return data.view(np.float32 if tensor.type.upper() == "F32" else np.float16)
     out = np.empty((rows, n_embd), dtype=quantized_as)
     for start in range(0, rows, 4096):
-        out[start:start + 4096] = dequantize(data[start:start + 4096], gtype).reshape(-1, n_embd)
+        out[start:start + 4096] = gguf_file.dequantize(data[start:start + 4096], tensor.type).reshape(-1, n_embd)
     return out
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends import gguf_file
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
 from edgespec.errors import EdgespecError
 
@@ -30,21 +31,9 @@ SUBSET_KEY = "edgespec.draft.subset"  # int32 array: the token ids the draft's o
 SUBSET_UBATCH = 256  # rows per llama.cpp pass: attention scores [n_ctx, n_ubatch, n_head] without flash attention
 
 
-def _reader(path: str | os.PathLike):
-    import gguf
-
-    from edgespec.backends.llama.lib import check_gguf_file
-
-    path = check_gguf_file(path)
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, OSError, IndexError) as e:
-        raise EdgespecError(f"{path} is not a readable GGUF ({e})") from None
-
-
 def read_subset(path: str | os.PathLike) -> np.ndarray | None:
     """The subset a draft GGUF carries (token ids [S], ascending), or None for a full-vocabulary draft."""
-    return _subset_of(_reader(path))
+    return _subset_of(gguf_file.open_gguf(path))
 
 
 def _subset_of(reader) -> np.ndarray | None:
@@ -62,47 +51,27 @@ def check_subset(subset: np.ndarray, n_vocab: int, eog_ids: frozenset[int] = fro
     return np.union1d(subset, np.fromiter(eog_ids, dtype=np.int64))
 
 
-def _copy_fields(reader, writer, skip) -> None:
-    import gguf
-
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE or skip(field.name):
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
-
-
-def _write(writer, path: Path) -> None:
-    writer.write_header_to_file(path)
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def write_subset(src: str | os.PathLike, dst: str | os.PathLike, subset: np.ndarray) -> Path:
     """A copy of the draft GGUF src at dst that carries `subset` (SUBSET_KEY); weights unchanged. Written beside
     dst under a temporary name and renamed, so a failure leaves nothing at dst."""
-    import gguf
-
     from edgespec.backends.llama.backend import LlamaTokenizer
 
-    reader, dst = _reader(src), Path(dst)
+    reader, dst = gguf_file.open_gguf(src), Path(dst)
     tokenizer = LlamaTokenizer(src)
     try:
         vocab = tokenizer.vocab
     finally:
         tokenizer.close()
     subset = check_subset(subset, vocab.n_vocab, vocab.eog_ids)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    arch = gguf_file.architecture(reader)
     tmp = dst.with_name(f".{dst.name}.partial")
     try:
-        writer = gguf.GGUFWriter(None, arch)
-        _copy_fields(reader, writer, lambda name: name == SUBSET_KEY)
+        writer = gguf_file.new_writer(None, arch)
+        gguf_file.copy_fields(writer, reader.fields.values(), lambda name: name == SUBSET_KEY)
         writer.add_array(SUBSET_KEY, [int(i) for i in subset])
         for t in reader.tensors:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-        _write(writer, tmp)
+        gguf_file.write(writer, tmp)
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -112,23 +81,19 @@ def write_subset(src: str | os.PathLike, dst: str | os.PathLike, subset: np.ndar
 def _narrow_gguf(reader, subset: np.ndarray, path: Path, n_ctx: int) -> None:
     """The draft's layers with output rows `subset` (tied to token_embd, which vector inputs never read) and a
     placeholder vocabulary of one token per row, at path."""
-    import gguf
-
     tensors = {t.name: t for t in reader.tensors}
     rows = tensors.get("output.weight") or tensors["token_embd.weight"]
-    writer = gguf.GGUFWriter(None, reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
-    _copy_fields(reader, writer, lambda name: (name.startswith("tokenizer.") or name.endswith(".vocab_size")
-                                               or name.endswith(".context_length") or name == SUBSET_KEY))
+    writer = gguf_file.new_writer(None, gguf_file.architecture(reader))
+    gguf_file.copy_fields(writer, reader.fields.values(), lambda name: (
+        name.startswith("tokenizer.") or name.endswith(".vocab_size") or name.endswith(".context_length")
+        or name == SUBSET_KEY))
     writer.add_context_length(n_ctx)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<row {i}>".encode() for i in range(len(subset))])
-    writer.add_token_scores([0.0] * len(subset))
-    writer.add_token_types([gguf.TokenType.NORMAL] * len(subset))
+    gguf_file.add_placeholder_vocab(writer, len(subset))
     writer.add_tensor("token_embd.weight", np.ascontiguousarray(rows.data[subset]), raw_dtype=rows.tensor_type)
     for t in reader.tensors:
         if t.name not in ("token_embd.weight", "output.weight"):
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    _write(writer, path)
+    gguf_file.write(writer, path)
 
 
 class SubsetDraft(Backend):
@@ -138,15 +103,13 @@ class SubsetDraft(Backend):
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  kv_type: str = "f16", subset: np.ndarray | None = None):
         """subset: token ids to keep (default: the file's SUBSET_KEY, which it must then have)."""
-        import gguf
-
         from edgespec.backends.llama.backend import LlamaTokenizer
         from edgespec.backends.llama.lib import KV_TYPES
         from edgespec.backends.llama.vectors import LlamaVectorModel
 
         if kv_type not in KV_TYPES:
             raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
-        reader = _reader(path)
+        reader = gguf_file.open_gguf(path)
         self.path, self.name = Path(path), Path(path).name
         self._tokenizer = LlamaTokenizer(path)
         self.vocab: Vocab = self._tokenizer.vocab
@@ -157,8 +120,7 @@ class SubsetDraft(Backend):
         self.subset = check_subset(subset, self.vocab.n_vocab, self.vocab.eog_ids)  # [S]
         embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
         # the input rows, as stored: dequantized a few at a time, as llama.cpp's get_rows does
-        self._embd_rows, self._embd_type = np.asarray(embd.data), embd.tensor_type  # [V, row bytes or E]
-        self._dequantize = gguf.quants.dequantize
+        self._embd_rows, self._embd_type = np.asarray(embd.data), embd.tensor_type.name  # [V, row bytes or E]
         with tempfile.TemporaryDirectory(prefix="edgespec-subset-") as tmp:
             narrow = Path(tmp) / "draft.gguf"
             _narrow_gguf(reader, self.subset, narrow, n_ctx)
@@ -171,7 +133,7 @@ class SubsetDraft(Backend):
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         """The draft's input embeddings of tokens: [T, E] float32."""
-        return self._dequantize(self._embd_rows[np.asarray(tokens, dtype=np.int64)], self._embd_type)
+        return gguf_file.dequantize(self._embd_rows[np.asarray(tokens, dtype=np.int64)], self._embd_type)
 
     def placement(self) -> dict:
         return {"runtime": "llama.cpp", "device": "cpu"}  # vector input runs on the CPU

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
@@ -16,10 +15,9 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 def count_params(source: Source) -> int:
     """Parameter count: GGUF tensor shapes, safetensors headers, or (.bin checkpoints) file size / dtype."""
     if source.kind == "gguf":
-        import gguf
+        from edgespec.backends.gguf_file import n_params
 
-        reader = gguf.GGUFReader(source.path)
-        return int(sum(int(t.n_elements) for t in reader.tensors))
+        return n_params(source.path)
     total = 0
     for f in sorted(source.path.glob("*.safetensors")):
         with open(f, "rb") as fh:
@@ -46,8 +44,3 @@ def ensure_disk(folder: Path, need_bytes: float) -> None:
         raise EdgespecError(f"not enough disk: need about {need_bytes / 1e9:.2f} GB at {folder}, "
                             f"{free / 1e9:.2f} GB free")
 
-
-def say(progress: bool, message: str) -> None:
-    """A phase line on stderr (stdout belongs to --json)."""
-    if progress:
-        print(message, file=sys.stderr, flush=True)

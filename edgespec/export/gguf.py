@@ -16,13 +16,18 @@ import tempfile
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.export import parity
-from edgespec.export.files import count_params, ensure_disk, say
+from edgespec.export.files import count_params, ensure_disk
+from edgespec.export.parity import BackendModel, check, run_parity, write_report
 from edgespec.models.source import Source
+from edgespec.progress import say
 
 # bits per weight, for the disk-space estimate
 GGUF_QUANTS = {"f32": 32, "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.6, "q5_k_m": 5.7, "q4_k_m": 4.9, "q4_0": 4.5}
 CONVERTER_TYPES = {"f32", "f16", "bf16", "q8_0"}  # what convert_hf_to_gguf writes itself
+# llama.cpp attends within a sliding window where the converter writes one ({arch}.attention.sliding_window, e.g.
+# gemma2), except for these architectures, whose loader turns it off ("Phi SWA is currently disabled"); where
+# the converter writes none (Mistral becomes "llama"), attention spans the whole context
+WINDOW_TURNED_OFF = {"phi3"}
 
 
 def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True, check_parity: bool = True) -> dict:
@@ -39,6 +44,7 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
     ensure_disk(out.parent, need)
 
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    window = None  # the context length the GGUF was capped to, if any
     try:
         tmp = work / out.name
         if source.kind == "gguf":
@@ -46,10 +52,12 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
         elif quant in CONVERTER_TYPES:
             check_architecture(source.path)
             convert(source.path, tmp, quant, progress)
+            window = cap_context(source.path, tmp, progress)
         else:
             check_architecture(source.path)
             f16 = work / "intermediate-f16.gguf"
             convert(source.path, f16, "f16", progress)
+            window = cap_context(source.path, f16, progress)
             quantize(f16, tmp, quant, n_params, progress)
             f16.unlink()
         report = None
@@ -57,13 +65,14 @@ def export_gguf(source: Source, out: Path, quant: str, *, progress: bool = True,
         if check_parity:
             say(progress, "checking parity with the source ...")
             report = gguf_parity(source, tmp, quant)
-            parity.write_report(report, report_path)
-            parity.check(report, report_path)
+            write_report(report, report_path)
+            check(report, report_path)
         os.replace(tmp, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"format": "gguf", "quant": quant, "path": str(out), "source": source.ref, "n_params": n_params,
-            "weight_bytes": out.stat().st_size, "parity": report, "parity_report": str(report_path) if report else None}
+            "weight_bytes": out.stat().st_size, "context_capped_to": window, "parity": report,
+            "parity_report": str(report_path) if report else None}
 
 
 def check_architecture(folder: Path) -> None:
@@ -78,6 +87,36 @@ def check_architecture(folder: Path) -> None:
     if not archs or archs[0] not in TEXT_MODEL_MAP:
         raise EdgespecError(f"llama.cpp's converter does not support the architecture {archs[0] if archs else '?'} "
                             f"of {folder}")
+
+
+def sliding_window(config: dict) -> int | None:
+    """The window a checkpoint's attention keeps to, where it is shorter than the checkpoint's context."""
+    window = config.get("sliding_window")
+    if not window or config.get("use_sliding_window") is False:  # Qwen2 keeps a window it does not use
+        return None
+    return window if window < config.get("max_position_embeddings", window + 1) else None
+
+
+def cap_context(folder: Path, gguf_path: Path, progress: bool) -> int | None:
+    """Where llama.cpp would run a sliding-window checkpoint with full attention, lower the GGUF's context length
+    (llama.cpp's bound for a context) to the window, within which the two attend alike; returns the new length."""
+    import gguf
+
+    from edgespec.export.hf import read_config
+
+    window = sliding_window(read_config(folder))
+    if window is None:
+        return None
+    reader = gguf.GGUFReader(gguf_path, "r+")
+    arch = reader.get_field("general.architecture").contents()
+    if reader.get_field(f"{arch}.attention.sliding_window") is not None and arch not in WINDOW_TURNED_OFF:
+        return None
+    field = reader.get_field(f"{arch}.context_length")
+    say(progress, f"llama.cpp's {arch} attends to the whole context, the checkpoint within {window} tokens: "
+                  f"capping the GGUF's context at {window} tokens")
+    field.parts[field.data[0]][0] = window  # in place: the same u32 (gguf-py's gguf_set_metadata does it so)
+    reader.data.flush()
+    return window
 
 
 def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
@@ -95,7 +134,7 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
 def quantize(src: Path, dst: Path, quant: str, n_params: int, progress: bool) -> None:
     """llama.cpp's quantizer (it releases the GIL, so the bar's thread keeps running)."""
     from edgespec.backends.llama.lib import partial_path, quantize_gguf
-    from edgespec.export.progress import watch_file
+    from edgespec.progress import watch_file
 
     with watch_file(partial_path(dst), n_params * GGUF_QUANTS[quant] / 8, f"quantizing to {quant}", progress):
         quantize_gguf(src, dst, quant)
@@ -110,6 +149,6 @@ def gguf_parity(source: Source, exported: Path, quant: str) -> dict:
 
         reference = HFModel(source.path)
     else:
-        reference = parity.BackendModel(LlamaBackend(source.path, n_ctx=512))
-    report = parity.run_parity(quant, reference, parity.BackendModel(LlamaBackend(exported, n_ctx=512)))
+        reference = BackendModel(LlamaBackend(source.path, n_ctx=512))
+    report = run_parity(quant, reference, BackendModel(LlamaBackend(exported, n_ctx=512)))
     return report

@@ -24,11 +24,11 @@ from pathlib import Path
 from edgespec.backends.onnx.backend import HIDDEN_OUTPUT, OnnxBackend
 from edgespec.backends.onnx.weights import logits_matmul
 from edgespec.errors import EdgespecError
-from edgespec.export import files
 from edgespec.export.files import count_params, ensure_disk
 from edgespec.export.hf import HFModel, read_config
 from edgespec.export.parity import BackendModel, check, run_parity, write_report
 from edgespec.models.source import Source
+from edgespec.progress import say as say_if
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 MODEL_FILE = "model.onnx"
@@ -74,7 +74,7 @@ def export_onnx(src: Path, out: Path, quant: str, *, progress: bool = True, pari
     report_path = Path(str(out) + ".parity.json")
     report_path.unlink(missing_ok=True)  # a report left by an earlier failed export would describe another model
 
-    say = functools.partial(files.say, progress)
+    say = functools.partial(say_if, progress)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     report = None
     try:

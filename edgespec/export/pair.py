@@ -20,19 +20,9 @@ MANIFEST_VERSION = 1
 def read_vocab(source: Source) -> Vocab:
     """A source's vocabulary from its tokenizer files (checkpoint) or metadata (GGUF)."""
     if source.kind == "gguf":
-        import gguf
+        from edgespec.backends.gguf_file import tokenizer_of
 
-        reader = gguf.GGUFReader(source.path)
-        field = reader.fields.get("tokenizer.ggml.tokens")
-        if field is None:
-            raise EdgespecError(f"{source.path} has no tokenizer in its metadata")
-        texts = tuple(bytes(field.parts[i]) for i in field.data)
-
-        def scalar(key):
-            f = reader.fields.get(key)
-            return int(f.parts[f.data[0]][0]) if f is not None else -1
-
-        bos, eos = scalar("tokenizer.ggml.bos_token_id"), scalar("tokenizer.ggml.eos_token_id")
+        texts, bos, eos = tokenizer_of(source.path)
     else:
         path = source.path / "tokenizer.json"
         if not path.is_file():

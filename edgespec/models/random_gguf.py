@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends import gguf_file
 from edgespec.errors import EdgespecError
 
 
@@ -44,13 +45,11 @@ INIT_STD = 0.02  # what a fresh checkpoint's linear layers hold
 def _tokenizer_fields(n_vocab: int, source: str | os.PathLike | None):
     """The tokenizer fields of a GGUF (default: the default model), its token list padded to n_vocab with
     reserved control tokens."""
-    import gguf
-
     if source is None:
         from edgespec.models.default import default_target
 
         source = default_target()
-    reader = gguf.GGUFReader(source)
+    reader = gguf_file.open_gguf(source)
     fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
     tokens = [bytes(t) if not isinstance(t, str) else t.encode() for t in fields["tokenizer.ggml.tokens"].contents()]
     types = list(fields["tokenizer.ggml.token_type"].contents())
@@ -58,7 +57,7 @@ def _tokenizer_fields(n_vocab: int, source: str | os.PathLike | None):
         raise EdgespecError(f"a vocabulary of {n_vocab} tokens is smaller than the tokenizer's {len(tokens)}")
     pad = n_vocab - len(tokens)
     tokens += [f"<|reserved_special_token_{i}|>".encode() for i in range(pad)]
-    types += [int(gguf.TokenType.CONTROL)] * pad
+    types += [gguf_file.control_token_type()] * pad
     return fields, tokens, types
 
 
@@ -68,7 +67,6 @@ def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n
     """Write a llama-architecture GGUF of `shape` with random weights and the tokenizer of the GGUF `tokenizer`
     (default: the default model's) padded to n_vocab; written beside path under a temporary name and renamed, so
     a failure leaves nothing at path."""
-    import gguf
 
     shape = SHAPES[shape] if isinstance(shape, str) else shape
     if dtype not in TYPES:
@@ -82,7 +80,7 @@ def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n
     float_type = "f32" if dtype == "f32" else "f16"
     tmp = path.with_name(f".{path.name}.{float_type}.partial")  # not quantize_gguf's own temporary name
     try:
-        _write(tmp, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types, gguf)
+        _write(tmp, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types)
         if dtype in ("q8_0", "q4_0"):
             from edgespec.backends.llama.lib import quantize_gguf
 
@@ -94,9 +92,9 @@ def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n
     return path
 
 
-def _write(path, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types, gguf) -> None:
+def _write(path, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types) -> None:
     head_dim = shape.embd // shape.heads
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf_file.new_writer(path, "llama")
     writer.add_name(f"random {shape.layers}x{shape.embd} V{n_vocab}")
     writer.add_block_count(shape.layers)
     writer.add_context_length(n_ctx)
@@ -108,13 +106,9 @@ def _write(path, shape, n_vocab, float_type, seed, n_ctx, fields, tokens, types,
     writer.add_rope_freq_base(100000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if float_type == "f32" else gguf.LlamaFileType.MOSTLY_F16)
-    for name, field in fields.items():
-        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-            continue
-        vtype = field.types[0]
-        writer.add_key_value(name, field.contents(), vtype,
-                             sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    writer.add_file_type(gguf_file.float_file_type(float_type))
+    gguf_file.copy_fields(writer, fields.values(), lambda name: name in (
+        "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
 

@@ -1,6 +1,6 @@
 """Where a model comes from: a local Hugging Face folder, a hub id, or a GGUF file.
 
-Hub ids go through huggingface-hub into its normal cache (the only module importing it), so
+Hub ids go through huggingface-hub into its normal cache (models/hub.py, the only module importing it), so
 HF_HUB_OFFLINE, HF_HUB_CACHE and HF_TOKEN behave as everywhere else; `revision` pins a branch, tag
 or commit.
 """
@@ -43,22 +43,7 @@ def resolve(src: str, *, revision: str | None = None, progress: bool = True) -> 
 
 
 def download(repo_id: str, *, revision: str | None = None, progress: bool = True) -> Path:
-    """snapshot_download of the files a conversion needs; honours HF_HUB_OFFLINE."""
-    try:
-        import huggingface_hub
-        from huggingface_hub import errors
-    except ImportError as e:
-        raise EdgespecError("hub ids need huggingface-hub: pip install 'edgespec[export]'") from e
-    if not progress:
-        huggingface_hub.utils.disable_progress_bars()
-    try:
-        return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS))
-    except errors.RepositoryNotFoundError:
-        raise EdgespecError(f"hub repository {repo_id} not found (or private: set HF_TOKEN)") from None
-    except errors.RevisionNotFoundError:
-        raise EdgespecError(f"revision {revision} not found in {repo_id}") from None
-    except errors.LocalEntryNotFoundError:
-        raise EdgespecError(f"{repo_id}{'@' + revision if revision else ''} is not in the local hub cache and "
-                            "the hub cannot be reached (HF_HUB_OFFLINE is set or there is no network)") from None
-    except (errors.HfHubHTTPError, OSError) as e:
-        raise EdgespecError(f"downloading {repo_id} failed: {e}") from None
+    """snapshot_download of the files a conversion needs (HUB_PATTERNS); honours HF_HUB_OFFLINE."""
+    from edgespec.models.hub import download_snapshot
+
+    return download_snapshot(repo_id, HUB_PATTERNS, revision=revision, progress=progress)

@@ -24,11 +24,9 @@ against measured side by side.
 from __future__ import annotations
 
 import json
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import click
 import numpy as np
 
 from edgespec.decode.cost import measure_pass_costs
@@ -58,6 +56,7 @@ from edgespec.plan.costs import (  # noqa: F401
     speculative_engine,
     target_only_engine,
 )
+from edgespec.progress import Steps, say
 
 CONFIDENCE_BINS = np.linspace(0.0, 1.0, 11)
 BOOTSTRAP = 400  # prompt resamples behind each interval
@@ -194,7 +193,7 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
     modes = [(None, 0)] + [(name, k) for name in drafters for k in range(1, k_max + 1)]
     totals = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "prompts": 0,
                                   "per_prompt": []})
-    bar = click.progressbar(length=len(prompts) * len(modes), label="checking", file=sys.stderr) if progress else None
+    bar = Steps(len(prompts) * len(modes), "checking", progress)
     for i, row in enumerate(prompts):
         shift = i % len(modes)
         for name, k in modes[shift:] + modes[:shift]:
@@ -209,10 +208,8 @@ def run_check(engine, drafters: dict[str, object], prompts: list[dict], *, k_max
                 t["accepted"] += result.stats.accepted
                 t["prompts"] += 1
                 t["per_prompt"].append((result.stats.drafted, result.stats.accepted))
-            if bar:
-                bar.update(1)
-    if bar:
-        bar.render_finish()
+            bar.step()
+    bar.finish()
     out: dict = {}
     cats = sorted({cat for (_, _, cat) in totals} - {"overall"}) + ["overall"]
     for name in drafters:
@@ -293,8 +290,8 @@ def advise(engine, drafters: dict[str, object], calibration: list[dict], *, para
     firsts = {row["cat"]: row["prompt"] for row in reversed(calibration)}  # the first prompt of each category
     drafts = {}
     for name, drafter in drafters.items():
-        if progress:  # a minute or so without a bar: the parts timed, then a few real answers
-            click.echo(f"timing {name} on this device ...", err=True)
+        # a minute or so without a bar: the parts timed, then a few real answers
+        say(progress, f"timing {name} on this device ...")
         costs = in_loop(engine, drafter,
                         measured_costs(engine, drafter, context, hidden_row, target_costs, row_cost, params, k_max),
                         list(firsts.values()), params, k_max, max_tokens)

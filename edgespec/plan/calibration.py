@@ -5,13 +5,11 @@ rule accepts that depth (edgespec/plan/advise.py explains how the prediction use
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import click
 import numpy as np
 
 from edgespec.backends.protocol import forward_rows, sync
@@ -19,6 +17,7 @@ from edgespec.decode.rule import dense
 from edgespec.decode.sampling import SamplingParams, sample, to_probs
 from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
+from edgespec.progress import Steps
 
 GREEDY = SamplingParams()
 RAW = SamplingParams(temperature=1.0)  # the model's own distribution, for KL, entropy and calibration
@@ -221,7 +220,7 @@ def calibrate(engine, drafters: dict[str, object], prompts: list[dict], *, param
     target = engine.target
     limit = min([target.n_ctx] + [d.backend.n_ctx for d in drafters.values() if isinstance(d, ModelDrafter)])
     out: dict[str, list[Answer]] = {name: [] for name in drafters}
-    bar = click.progressbar(length=len(prompts), label="calibrating", file=sys.stderr) if progress else None
+    bar = Steps(len(prompts), "calibrating", progress)
     for i, row in enumerate(prompts):
         prompt = engine.prompt_tokens(row["prompt"])
         room = min(max_tokens, limit - len(prompt) - k_max - 1)
@@ -231,10 +230,8 @@ def calibrate(engine, drafters: dict[str, object], prompts: list[dict], *, param
             for name, drafter in drafters.items():
                 beta, beta_t0, stats = draft_tables(drafter, target, prompt, answer, logits, hidden, params, k_max, rng)
                 out[name].append(Answer(row["cat"], beta, beta_t0, stats, len(prompt)))
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.render_finish()
+        bar.step()
+    bar.finish()
     if not any(out.values()):
         raise EdgespecError("no calibration prompt fits the context: use shorter prompts or a larger --ctx")
     return out

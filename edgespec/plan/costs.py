@@ -166,14 +166,15 @@ def roofline_costs(measured: Costs, target_path, draft_path, profile_name: str, 
     """Costs for a named device profile from its memory bandwidth: every pass reads all of a model's weights
     once and nothing else counts (the memory-bound limit of small batches), so a pass over n <= k_max + 1
     tokens costs what one token does. The row cost and a prompt-lookup round stay as measured here."""
-    from edgespec.api import heads_kind, plan_for
+    from edgespec.api import plan_for
+    from edgespec.drafts.spec import parse_draft
 
     plan = plan_for(target_path, draft_path, device=profile_name, profiles=profiles, measure_bandwidth=False)
     bandwidth = plan.profile.bandwidth
     step = plan.target.weights / bandwidth
     if plan.draft is not None:
         fixed, per_token = 0.0, plan.draft.weights / bandwidth
-    elif heads_kind(draft_path):
+    elif parse_draft(draft_path).heads:
         fixed, per_token = 0.0, Path(draft_path).stat().st_size / bandwidth
     else:
         fixed, per_token = measured.draft_fixed, measured.draft_per_token

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from edgespec.backends.protocol import MAX_OUTPUTS, check_compatible, forward_rows
 from edgespec.errors import EdgespecError
+from edgespec.progress import Steps
 
 MANIFEST = "corpus.json"
 VERSION = 1
@@ -69,7 +69,7 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     answerer: a model sharing the target's vocabulary and chat template that writes the answers instead of
     the target (the records are the target's all the same).
     streams: how many prompts a GGUF answering model answers at once (one pass reads the weights for all of
-    them: 3.0x faster than one at a time with 16 streams on a 2-core CPU, benchmarks/answer_many.py).
+    them: 3.0x faster than one at a time with 16 streams on a 2-core CPU, experiments/answer_many.py).
     answer_draft: answer one prompt at a time through edgespec's engine, speculating with this draft (ONNX
     answering models always go one at a time, with prompt lookup). Neither changes what the answers are
     (sampled ones: what they are distributed as), so neither is a corpus setting: a build may resume with others.
@@ -90,7 +90,8 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     shards = [prompts[i:i + shard_size] for i in range(0, len(prompts), shard_size)]
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
-        from edgespec.api import load, open_model, prompt_tokens
+        from edgespec.api import load, prompt_tokens
+        from edgespec.backends.open import open_model
 
         model = answerer or target
         one_at_a_time = answer_draft is not None or streams == 1 or model.is_dir() or model.suffix.lower() == ".onnx"
@@ -114,13 +115,9 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
                 if not was_there:
                     out.rmdir()
             raise
-        bar = None
-        if progress:  # minutes per shard on a CPU: a bar over prompts, starting at what earlier runs did
-            import click
-
-            bar = click.progressbar(length=len(prompts), label=f"{(answerer or target).name} answering prompts",
-                                    file=sys.stderr, show_pos=True)
-            bar.update(len(prompts) - len(asked))
+        # minutes per shard on a CPU: a bar over prompts, starting at what earlier runs did
+        bar = Steps(len(prompts), f"{(answerer or target).name} answering prompts", progress,
+                    done=len(prompts) - len(asked))
         scored: dict[int, dict] = {i: {} for i in todo}  # shard -> its prompts' records so far
 
         def record(index: int, answer: list[int], ended: bool) -> None:
@@ -129,15 +126,13 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
             if len(scored[shard]) == len(shards[shard]):  # written as soon as complete: a stop loses little
                 done = scored.pop(shard)
                 _write_shard(out, shard, _shard_arrays([done[j] for j in range(len(shards[shard]))]))
-            if bar:
-                bar.update(1)
+            bar.step()
 
         try:
             _answer(answering, asked, {i: prompts[i]["prompt"] for i in asked}, settings, streams, record)
         finally:
             _close(answering, scorer)
-            if bar:
-                bar.render_finish()
+            bar.finish()
     manifest["shards"] = [_shard_name(i) for i in range(len(shards))]
     manifest["complete"] = True
     manifest["positions"] = sum(int(np.load(out / name)["lse"].shape[0]) for name in manifest["shards"])
@@ -166,7 +161,8 @@ def _open_answering(model: Path, scorer, draft, *, one_at_a_time: bool, n_ctx: i
                     threads: int | None):
     """What writes the answers when it is not the scorer's own engine: edgespec's engine answering one at a time,
     or a GGUF model answering `streams` prompts at once (room cells each); checked against the scorer."""
-    from edgespec.api import load, open_model
+    from edgespec.api import load
+    from edgespec.backends.open import open_model
 
     if one_at_a_time:
         answering = load(model, draft or "ngram", n_ctx=n_ctx, threads=threads)

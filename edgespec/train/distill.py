@@ -13,7 +13,7 @@ to agree with the target (a draft at a quantized model's cost, close to the targ
 On CPU with torch (CUDA or MPS when present). The result is saved as a Hugging Face checkpoint with the
 target's tokenizer and goes out through edgespec.export, parity-checked like any export.
 
-torch is imported here (training) and in export/hf.py (parity) only.
+The draft model itself: train/draft_model.py; training through the export's rounding: train/quant_aware.py.
 """
 
 from __future__ import annotations
@@ -21,211 +21,28 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.export.files import say
+from edgespec.progress import say
 from edgespec.train.corpus import Sequence, holdout_split
+from edgespec.train.draft_model import (
+    check_init,
+    check_new_draft,
+    default_source,
+    init_draft,
+    n_vocab_of,
+    resume_draft,
+    save_checkpoint,
+    torch_modules,
+    untie_output,
+)
 from edgespec.train.eagle import SUBSET_SIZE, answer_subset, subset_positions
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "chat_template.jinja", "generation_config.json")
-
-
-def pick_layers(n_source: int, n_draft: int) -> list[int]:
-    """Evenly spaced source layers, the first and the last included."""
-    if n_draft == 1:
-        return [0]
-    return [round(i * (n_source - 1) / (n_draft - 1)) for i in range(n_draft)]
-
-
-def _torch():
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise EdgespecError("training needs the export extra (torch, transformers): pip install 'edgespec[export]'") \
-            from e
-    return torch, transformers
-
-
-def init_draft(source: Path, n_layers: int, full_depth: bool = False):
-    """A draft model: the source's config with n_layers, its weights copied where shapes allow. full_depth: it
-    may have all the source's layers (a quantization-aware draft: the target's own weights, to be rounded)."""
-    torch, transformers = _torch()
-    config = check_new_draft(source, n_layers, full_depth)
-    teacher = transformers.AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
-    config.num_hidden_layers = n_layers
-    draft = transformers.LlamaForCausalLM(config)
-    picks = pick_layers(len(teacher.model.layers), n_layers)
-    with torch.no_grad():
-        draft.model.embed_tokens.weight.copy_(teacher.model.embed_tokens.weight)
-        draft.model.norm.weight.copy_(teacher.model.norm.weight)
-        if not config.tie_word_embeddings:
-            draft.lm_head.weight.copy_(teacher.lm_head.weight)
-        for i, j in enumerate(picks):
-            draft.model.layers[i].load_state_dict(teacher.model.layers[j].state_dict())
-    del teacher
-    return draft, picks
-
-
-def check_new_draft(source: Path, n_layers: int, full_depth: bool = False):
-    """The source's config, if a new draft of n_layers can be made from it (said before any corpus is built)."""
-    _, transformers = _torch()
-    config = transformers.AutoConfig.from_pretrained(source)
-    if getattr(config, "model_type", None) != "llama":
-        raise EdgespecError(f"distill builds Llama-architecture drafts; {source} is a {config.model_type} model")
-    most = config.num_hidden_layers if full_depth else config.num_hidden_layers - 1
-    if not 1 <= n_layers <= most:
-        raise EdgespecError(f"the draft needs 1 to {most} layers (the target has {config.num_hidden_layers}"
-                            f"{'' if full_depth else '; as many only with --quant-aware'}), got {n_layers}")
-    return config
-
-
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
-
-
-def check_init(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False) -> None:
-    """A draft distilled before (its Hugging Face checkpoint) may go on training only if it is a Llama of the
-    source's shapes with fewer layers (as many where full_depth: quantization-aware), and be deepened
-    (n_layers) only to fewer layers than the source's (as many where full_depth); said before any corpus is
-    built."""
-    _, transformers = _torch()
-    if not (init / "config.json").is_file():
-        raise EdgespecError(f"--init needs a distilled draft's checkpoint folder (the .hf beside its GGUF); "
-                            f"{init} has no config.json")
-    config = transformers.AutoConfig.from_pretrained(init)
-    target = transformers.AutoConfig.from_pretrained(source)
-    if getattr(config, "model_type", None) != "llama":
-        raise EdgespecError(f"--init {init} is a {config.model_type} model; distill trains Llama drafts")
-    differ = [k for k in SHAPE_KEYS if getattr(config, k, None) != getattr(target, k, None)]
-    if differ:
-        raise EdgespecError(f"--init {init} was not distilled from this target: "
-                            + ", ".join(f"{k} {getattr(config, k, None)} vs {getattr(target, k, None)}"
-                                        for k in differ))
-    if config.num_hidden_layers > target.num_hidden_layers or (
-            config.num_hidden_layers == target.num_hidden_layers and not full_depth):
-        raise EdgespecError(f"--init {init} has {config.num_hidden_layers} layers, the target "
-                            f"{target.num_hidden_layers}: not a draft"
-                            + ("" if full_depth else " (a full-depth draft trains only with --quant-aware)"))
-    most = target.num_hidden_layers if full_depth else target.num_hidden_layers - 1
-    if n_layers is not None and not config.num_hidden_layers <= n_layers <= most:
-        raise EdgespecError(f"--layers {n_layers} with --init deepens the draft: give {config.num_hidden_layers} "
-                            f"(its own) to {most} ({'the target' if full_depth else 'one fewer than the target'}'s)")
-
-
-def resume_draft(init: Path, source: Path, n_layers: int | None = None, full_depth: bool = False):
-    """The draft at init, checked against the source, to train on; deepened to n_layers where that is more
-    than its own (see grow). Returns (draft, the layers it kept and where new ones went, or None)."""
-    torch, transformers = _torch()
-    check_init(init, source, n_layers, full_depth)
-    draft = transformers.LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32)
-    if n_layers is None or n_layers == draft.config.num_hidden_layers:
-        return draft, None
-    return grow(draft, n_layers)
-
-
-def grow(draft, n_layers: int):
-    """The draft deepened to n_layers computing exactly what it computed: each new layer, spread evenly
-    between the old ones, is a copy of the layer before it with its output projections (attention's o_proj,
-    the MLP's down_proj) zeroed, so it adds nothing to the residual stream until training moves it; its
-    other weights start from its neighbour's rather than from noise. Returns (model, layout): layout names
-    each layer's origin, an old index or "new"."""
-    torch, transformers = _torch()
-    old = draft.config.num_hidden_layers
-    added = n_layers - old
-    after = [max(0, round((i + 1) * old / (added + 1)) - 1) for i in range(added)]  # the old layer before each
-    layout, copy_of = [], []
-    for j in range(old):
-        layout += [j] + ["new"] * after.count(j)
-        copy_of += [j] * (1 + after.count(j))
-    config = draft.config.__class__.from_dict(draft.config.to_dict())
-    config.num_hidden_layers = n_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = [config.layer_types[0]] * n_layers
-    grown = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        grown.model.embed_tokens.weight.copy_(draft.model.embed_tokens.weight)
-        grown.model.norm.weight.copy_(draft.model.norm.weight)
-        if not config.tie_word_embeddings:
-            grown.lm_head.weight.copy_(draft.lm_head.weight)
-        for layer, origin, j in zip(grown.model.layers, layout, copy_of, strict=True):
-            layer.load_state_dict(draft.model.layers[j].state_dict())
-            if origin == "new":
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
-    return grown, layout
-
-
-# GGUF types a draft can be trained for, each as `edgespec export` writes it: q4_0 through an f16 intermediate and
-# llama.cpp's quantizer, q8_0 by the converter from the weights as they are (both ggml's reference rounding)
-QUANT_AWARE = ("q4_0", "q8_0")
-BLOCK = 32  # weights per block along a row, each block with its own f16 scale
-
-
-def fake_quant(torch, w, quant: str):
-    """w [out, in] as its GGUF of type `quant` holds it, dequantized: blocks of 32 along each row, rounded as
-    ggml's quantize_row_q4_0_ref / q8_0_ref round them, times each block's scale stored as f16."""
-    rows, cols = w.shape
-    if quant == "q4_0":
-        x = w.half().float().reshape(rows, cols // BLOCK, BLOCK)
-        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # the first of largest magnitude
-        d = signed_max / -8
-        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
-        q = torch.clamp(torch.floor(x * inverse + 8.5), 0, 15) - 8
-    elif quant == "q8_0":
-        x = w.float().reshape(rows, cols // BLOCK, BLOCK)
-        d = x.abs().amax(dim=-1, keepdim=True) / 127
-        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
-        y = x * inverse
-        q = torch.sign(y) * torch.floor(y.abs() + 0.5)  # C's roundf: halves away from zero
-    else:
-        raise EdgespecError(f"quantization-aware training knows {', '.join(QUANT_AWARE)}, not {quant}")
-    return (q * d.half().float()).reshape(rows, cols)
-
-
-def round_layers(torch, draft, quant: str) -> int:
-    """Make every linear weight of the draft's decoder layers compute through its GGUF rounding (a straight-
-    through estimate: the forward pass sees the rounded weight, the gradient reaches the float one); the
-    embeddings, norms and output layer are left as they are. Returns how many weights were wrapped."""
-    from torch.nn.utils import parametrize
-
-    class Rounded(torch.nn.Module):
-        def forward(self, w):
-            return w + (fake_quant(torch, w, quant) - w).detach()
-
-    linears = [m for m in draft.model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    for m in linears:
-        if m.in_features % BLOCK:
-            raise EdgespecError(f"{quant} rounds blocks of {BLOCK} weights; a layer with {m.in_features} inputs does "
-                                "not split into them")
-        parametrize.register_parametrization(m, "weight", Rounded())
-    return len(linears)
-
-
-def check_blocks(source: Path, quant: str) -> None:
-    """Every decoder layer input (the hidden width, the MLP's) must split into rounding blocks; said before any
-    corpus is built (round_layers checks each layer again)."""
-    _, transformers = _torch()
-    config = transformers.AutoConfig.from_pretrained(source)
-    odd = {w for w in (config.hidden_size, config.intermediate_size) if w % BLOCK}
-    if odd:
-        raise EdgespecError(f"{quant} rounds blocks of {BLOCK} weights; this model's layers take inputs of "
-                            f"{', '.join(map(str, sorted(odd)))}, which do not split into them")
-
-
-def keep_rounded(torch, draft) -> None:
-    """Replace each wrapped weight by its rounded value: the checkpoint then holds what the GGUF will hold
-    (rounding it again changes nothing), so the export's parity check compares like with like."""
-    from torch.nn.utils import parametrize
-
-    for m in draft.modules():
-        if parametrize.is_parametrized(m, "weight"):
-            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
+from edgespec.train.prompts import read_train_prompts
+from edgespec.train.quant_aware import QUANT_AWARE, check_blocks, keep_rounded, round_layers
 
 
 def _batches(seqs: list[Sequence], max_tokens: int, rng: np.random.Generator):
@@ -276,13 +93,6 @@ def _loss(torch, draft, batch: list[Sequence], device, subset=None):
     return loss, agree
 
 
-def untie_output(torch, draft) -> None:
-    """Give the draft an output layer of its own, started as a copy of the embeddings it was tied to."""
-    if draft.config.tie_word_embeddings:
-        draft.config.tie_word_embeddings = False
-        draft.lm_head.weight = torch.nn.Parameter(draft.model.embed_tokens.weight.detach().clone())
-
-
 def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, epochs: int = 3, lr: float = 3e-4,
           batch_tokens: int = 2048, train_embeddings: bool = False, holdout: float = 0.1, seed: int = 0,
           progress: bool = True, init: Path | None = None, subset: np.ndarray | None = None,
@@ -295,7 +105,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     an output layer of its own (untied from the embeddings, which stay frozen) and trains it with its layers;
     quant_aware: a GGUF type (QUANT_AWARE): the layers train through its rounding (round_layers), the draft may
     have all the source's layers, and the model returned holds the rounded weights."""
-    torch, _ = _torch()
+    torch, _ = torch_modules()
     torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
     device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
@@ -386,19 +196,6 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     return draft.to("cpu"), report
 
 
-def save_checkpoint(model, source: Path, out: Path) -> Path:
-    """The draft as a Hugging Face folder with the source's tokenizer files."""
-    tmp = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
-
-
 def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source: str | os.PathLike | None = None,
             prompts: list[dict] | None = None, corpus: str | os.PathLike | None = None, n_layers: int | None = None,
             epochs: int = 3, max_tokens: int = 160, quant: str = "q8_0", onnx_out: str | os.PathLike | None = None,
@@ -428,7 +225,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
         from edgespec.models.default import default_target
 
         target = default_target()
-    src = resolve(str(source), progress=progress) if source else _default_source(Path(target))
+    src = resolve(str(source), progress=progress) if source else default_source(Path(target))
     if src.kind != "hf":
         raise EdgespecError("--source must be the target's Hugging Face checkpoint (its tokenizer and weights start "
                             "the draft), not a GGUF")
@@ -450,7 +247,7 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
     corpus_s = time.perf_counter() - t0
     seqs = read_corpora(corpus, also_corpora)
     # a draft that will draft from a subset learns over that subset (the one draft_vocab writes below)
-    subset = answer_subset(seqs, _n_vocab(src.path), vocab_size) if vocab_size else None
+    subset = answer_subset(seqs, n_vocab_of(src.path), vocab_size) if vocab_size else None
     t0 = time.perf_counter()
     model, report = train(seqs, src.path, n_layers=n_layers, epochs=epochs, seed=seed, progress=progress,
                           init=init, subset=subset, quant_aware=quant if quant_aware else None, **train_kwargs)
@@ -499,30 +296,3 @@ def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Seq
     answers = np.concatenate([s.tokens[s.n_prompt:] for s in seqs])
     return {"draft": str(out), "from": str(draft), "tokens": len(subset),
             "answer_tokens_covered": round(float(np.isin(answers, subset).mean()), 4)}
-
-
-def _n_vocab(source: Path) -> int:
-    _, transformers = _torch()
-    return transformers.AutoConfig.from_pretrained(source).vocab_size
-
-
-def _default_source(target: Path):
-    """The default model's checkpoint, rebuilt offline once into the user cache."""
-    from edgespec.models.default import default_target
-    from edgespec.models.smollm2 import build_checkpoint
-    from edgespec.models.source import Source
-
-    if target.resolve() != default_target().resolve():
-        raise EdgespecError("give --source: the target's Hugging Face checkpoint (folder or hub id), whose tokenizer "
-                            "and weights start the draft")
-    cache = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "checkpoints"
-    return Source("hf", build_checkpoint(cache / "smollm2-135m-instruct"), "SmolLM2-135M-Instruct")
-
-
-def read_train_prompts() -> list[dict]:
-    """The built-in training prompts (kept apart from the benchmark prompts)."""
-    from importlib import resources
-
-    text = resources.files("edgespec").joinpath("data/train_prompts.jsonl").read_text("utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-

@@ -22,8 +22,8 @@ import numpy as np
 
 from edgespec.drafts.eagle import LAYER_WEIGHTS
 from edgespec.errors import EdgespecError
-from edgespec.export.files import say
-from edgespec.train.corpus import Sequence, holdout_split
+from edgespec.progress import say
+from edgespec.train.corpus import Sequence
 
 SUBSET_SIZE = 8192  # output tokens: covers all but ~1 % of the target's probability mass on its own answers
 
@@ -65,12 +65,10 @@ def _onnx_layer_weights(folder: Path, layer: int) -> tuple[dict[str, np.ndarray]
 
 
 def _gguf_layer_weights(gguf_path: str | os.PathLike, layer: int) -> tuple[dict[str, np.ndarray], dict]:
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
+    from edgespec.backends import gguf_file
 
-    reader = GGUFReader(gguf_path)
-    arch = reader.fields["general.architecture"]
-    arch = bytes(arch.parts[arch.data[0]]).decode()
+    reader = gguf_file.open_gguf(gguf_path)
+    arch = gguf_file.architecture(reader)
 
     def field(name):
         f = reader.fields[f"{arch}.{name}"]
@@ -82,11 +80,11 @@ def _gguf_layer_weights(gguf_path: str | os.PathLike, layer: int) -> tuple[dict[
     for t in reader.tensors:
         prefix, _, name = t.name.partition(".")[2].partition(".")
         if t.name.startswith(f"blk.{layer}.") and name.removesuffix(".weight") in LAYER_WEIGHTS:
-            rows = dequantize(t.data, t.tensor_type)
+            rows = gguf_file.dequantize(t.data, t.tensor_type.name)
             weights[name.removesuffix(".weight")] = np.asarray(rows, np.float32).reshape([int(d) for d in
                                                                                          reversed(t.shape)])
         if t.name == "output_norm.weight":
-            weights["out_norm"] = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(-1)
+            weights["out_norm"] = np.asarray(gguf_file.dequantize(t.data, t.tensor_type.name), np.float32).reshape(-1)
     missing = {*LAYER_WEIGHTS, "out_norm"} - set(weights)
     if missing:
         raise EdgespecError(f"{gguf_path} layer {layer} lacks {sorted(missing)}: an EAGLE head starts from a "
@@ -240,15 +238,9 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
     weights: the starting layer (layer_weights) plus fc_weight/fc_bias/no_feature; embeddings: the target's
     [V, E] (tied output layer), frozen; subset: the output token ids.
     """
-    from edgespec.train.distill import _torch
+    from edgespec.train.draft_model import start_head_training
 
-    torch, _ = _torch()
-    if any(s.hidden is None for s in seqs):
-        raise EdgespecError("the corpus has no hidden states: build it with edgespec train-heads (hidden states on)")
-    torch.manual_seed(seed)
-    torch.set_num_threads(os.cpu_count() or 1)
-    rng = np.random.default_rng(seed)
-    held, train_seqs = holdout_split(seqs, holdout, rng)
+    torch, rng, held, train_seqs = start_head_training(seqs, seed, holdout)
     subset_index = subset_positions(subset, embeddings.shape[0])
     head = _torch_head(torch, weights, meta)
     output = torch.from_numpy(np.ascontiguousarray(embeddings[subset]))  # [S, E], frozen

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.export.files import say
-from edgespec.train.corpus import Sequence, holdout_split
+from edgespec.progress import say
+from edgespec.train.corpus import Sequence
 
 
 def head_pairs(seqs: list[Sequence], n_heads: int) -> list[tuple[int, int, int]]:
@@ -34,16 +34,10 @@ def train_medusa(seqs: list[Sequence], output: np.ndarray, *, subset: np.ndarray
     """Heads (weight [H, E, E], bias [H, E]) and a report with per-head held-out top-1 agreement.
 
     output: the target's output layer [V, E]; subset: the token ids the heads draft from (None: all)."""
-    from edgespec.train.distill import _torch
+    from edgespec.train.draft_model import start_head_training
     from edgespec.train.eagle import subset_positions
 
-    torch, _ = _torch()
-    if any(s.hidden is None for s in seqs):
-        raise EdgespecError("the corpus has no hidden states: build it with edgespec train-heads (hidden states on)")
-    torch.manual_seed(seed)
-    torch.set_num_threads(os.cpu_count() or 1)
-    rng = np.random.default_rng(seed)
-    held, train_seqs = holdout_split(seqs, holdout, rng)
+    torch, rng, held, train_seqs = start_head_training(seqs, seed, holdout)
     n_embd = seqs[0].hidden.shape[1]
     n_vocab = output.shape[0]
     subset = np.arange(n_vocab) if subset is None else subset
@@ -123,11 +117,11 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
     same target trained on beside `corpus` (for instance its sampled answers beside its greedy ones).
     corpus_only: build the corpus and stop (the summary has no heads).
     """
-    from edgespec.api import open_model
+    from edgespec.backends.open import open_model
     from edgespec.drafts.eagle import EAGLE_SUFFIX
     from edgespec.drafts.heads import HEADS_SUFFIX, output_matrix, save_heads
     from edgespec.train.corpus import build_corpus, check_also, read_corpora
-    from edgespec.train.distill import read_train_prompts
+    from edgespec.train.prompts import read_train_prompts
 
     if target is None:
         from edgespec.models.default import default_target

@@ -1,4 +1,4 @@
-"""GGUF models through llama-cpp-python's low-level API (llama_lib.py loads the library).
+"""GGUF models through llama-cpp-python's low-level API (backends/llama/lib.py loads the library).
 
 One model, one context, one sequence. `forward` builds a llama_batch that asks for logits only at
 the positions the caller needs, and the context's output buffer is capped at MAX_OUTPUTS rows, so
@@ -71,7 +71,10 @@ class LlamaBackend(LlamaHandles, Backend):
             raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self._mem = lib.llama_get_memory(self._ctx)
         self._vocab_p = lib.llama_model_get_vocab(self._model)
-        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        # llama.cpp pads the context to a multiple of 256, past a shorter training context too; the model holds no
+        # more than that (export/gguf.cap_context lowers it where llama.cpp ignores a sliding window)
+        padded = lib.llama_n_ctx(self._ctx)
+        self.n_ctx = min(padded, n_ctx_train) if n_ctx_train > 0 else padded
         self.n_batch = lib.llama_n_batch(self._ctx)
         self.n_threads = n_threads
         self.kv_type, self.n_gpu_layers = kv_type, n_gpu_layers

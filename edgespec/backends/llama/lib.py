@@ -101,6 +101,21 @@ def devices() -> list[dict]:
     return out
 
 
+def build_info() -> dict | None:
+    """The installed llama-cpp-python: version, llama.cpp's system info, GPU offload, the build and its devices
+    (None where it is not installed)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    info = llama_cpp.llama_print_system_info().decode()
+    return {"version": llama_cpp.__version__, "system_info": info.strip(),
+            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "build": ("cuda" if "CUDA" in info else "metal" if "METAL" in info.upper() else "cpu")
+            + (", native" if "NATIVE" in info.upper() else ""),
+            "devices": devices()}
+
+
 def gpu_name() -> str | None:
     """The first GPU (discrete or integrated) llama.cpp's build sees, e.g. CUDA0 or MTL0; None for a CPU build."""
     global _gpu

@@ -1,4 +1,4 @@
-"""ONNX decoder-with-past folders through onnxruntime .
+"""ONNX decoder-with-past folders through onnxruntime.
 
 A folder is what `edgespec export --to onnx` writes: model.onnx (inputs input_ids, attention_mask, position_ids,
 past_key_values.{layer}.{key|value}; outputs logits, last_hidden_state (the final normed hidden state the output

@@ -68,6 +68,15 @@ def available_providers() -> tuple[str, ...]:
     return tuple(names[p] for p in ort.get_available_providers() if p in names)
 
 
+def runtime_info() -> dict | None:
+    """The installed onnxruntime's version and providers (None where it is not installed)."""
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        return None
+    return {"version": ort.__version__, "providers": ort.get_available_providers()}
+
+
 SPIN_WITHIN_RUNS = "runs"  # spin between the ops of a run, stop at its end (see open_session)
 SPIN_SETTINGS = (False, SPIN_WITHIN_RUNS, True)
 
@@ -80,7 +89,7 @@ def open_session(ort, path: Path, provider: str, n_threads: int, *, strict: bool
     of a run and stop at its end (session.force_spinning_stop); True, they also spin on after a run. A spinning
     pool wakes faster between ops (the f32 SmolLM2 export decoded 12 % faster alone here), but one that spins on
     after a run takes the cores that a draft model, an EAGLE head's llama.cpp threads or the other model of a
-    pair need before the next run (benchmarks/onnx_spinning.py)."""
+    pair need before the next run (experiments/onnx_spinning.py)."""
     if spin not in SPIN_SETTINGS:
         raise EdgespecError(f"spin must be one of {', '.join(map(repr, SPIN_SETTINGS))}, got {spin!r}")
     options = ort.SessionOptions()

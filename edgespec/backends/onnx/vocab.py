@@ -43,7 +43,8 @@ def read_vocab(folder: Path, config: dict, n_vocab: int):
     texts = [tokenizer.id_to_token(i) or f"[PAD{i}]" for i in range(n_vocab)]
     added = tokenizer.get_added_tokens_decoder()  # id -> AddedToken
     byte_level = tokenizer.decoder is not None and b"ByteLevel" in tokenizer.decoder.__getstate__()  # its JSON
-    pieces = [b"" if i in added and (added[i].special or looks_special(text))  # control tokens print nothing
+    # control tokens print nothing, nor do rows the tokenizer does not name (llama.cpp's converter marks them unused)
+    pieces = [b"" if i >= size or i in added and (added[i].special or looks_special(text))
               else text.encode("utf-8") if i in added
               else piece(text, byte_level) for i, text in enumerate(texts)]
     ids = tokenizer.get_vocab(with_added_tokens=True)  # text -> id

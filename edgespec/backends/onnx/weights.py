@@ -22,10 +22,18 @@ def load_graph(model: Path):
         raise EdgespecError(f"{model} is not an ONNX model onnx can read: {e}") from None
 
 
+# what may come between the output layer's MatMul and the logits: Gemma 2's final soft-capping,
+# tanh(x / cap) * cap, which optimum exports as Div, Tanh, Mul by constants
+SOFTCAP_OPS = {"Div", "Tanh", "Mul"}
+
+
 def logits_matmul(graph):
-    """The node that computes the logits when it is the output layer's MatMul (its input 0 is the final normed
-    hidden state, input 1 the output weight), else None."""
-    head = next((node for node in graph.node if "logits" in node.output), None)
+    """The output layer's MatMul (its input 0 is the final normed hidden state, input 1 the output weight) when
+    the logits come from it, directly or through soft-capping (SOFTCAP_OPS), else None."""
+    producer = {name: node for node in graph.node for name in node.output}
+    head = producer.get("logits")
+    while head is not None and head.op_type in SOFTCAP_OPS:
+        head = producer.get(head.input[0])
     return head if head is not None and head.op_type == "MatMul" else None
 
 

@@ -8,7 +8,7 @@ times; prints tokens/s per run and each setting's mean over the not-spinning one
 runs only where nothing runs beside the target (no draft, prompt lookup), and within runs only beside a draft
 model or heads: this checks that rule on the machine at hand.
 
-usage: python benchmarks/onnx_spinning.py --target smollm2-onnx-fp32 [--draft none --draft ngram+eagle]
+usage: python experiments/onnx_spinning.py --target smollm2-onnx-fp32 [--draft none --draft ngram+eagle]
        [--rounds 2] [--max-tokens 96]
 """
 

@@ -2,14 +2,14 @@
 one on answers a quantization of the target wrote, tested on held-out prompts' own answers (first draft step,
 teacher-forced), beside any heads given with --also.
 
-    python benchmarks/answerer_ab.py --target target-f32.gguf --own OWN.corpus --other Q4.corpus \\
+    python experiments/answerer_ab.py --target target-f32.gguf --own OWN.corpus --other Q4.corpus \\
         [--epochs 4] [--also f32-1800.eagle.npz]
 
 At full scale, against a head already trained on all of OTHER (train-heads' split: seed 0, 10 % held out):
 only the own-answer head is trained, on the own answers of the prompts that head trained on, and both are
 tested on the own answers of the prompts it held out (--save keeps the new head).
 
-    python benchmarks/answerer_ab.py --target target-f32.gguf --own OWN.corpus --other Q4.corpus \\
+    python experiments/answerer_ab.py --target target-f32.gguf --own OWN.corpus --other Q4.corpus \\
         --against f32-1800.eagle.npz --epochs 5 --save f32-1800-own.eagle.npz
 
 OWN may be a corpus still being built: its finished shards are read. Prompts are matched by their tokens.

@@ -4,7 +4,7 @@ quantization of the target) and the target's own greedy answers, generated here.
 says the corpus's text is not the text the head meets at run time. Also counts answers that ran to the
 corpus's token cap (repetition loops a quantized answerer falls into and the target does not).
 
-    python benchmarks/head_agreement.py --target models/smollm2-f32-q4_0/target-f32.gguf \\
+    python experiments/head_agreement.py --target models/smollm2-f32-q4_0/target-f32.gguf \\
         --head f32-1800.eagle.npz --corpus f32-1800.corpus [--per-category 6] [--json]
 
 The held-out prompts are train_eagle's (seed 0, 10 %), so the head never trained on them.

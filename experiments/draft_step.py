@@ -2,7 +2,7 @@
 back (as the controller's start-up measurement times it) and right after a 4-token verify pass of the target
 (whose pass reads the target's weights and may evict the draft's from the CPU caches, as in the loop).
 
-    python benchmarks/draft_step.py --target models/smollm2-onnx-fp32 \
+    python experiments/draft_step.py --target models/smollm2-onnx-fp32 \
         --draft models/smollm2-f32-q4_0/draft-qat-q4_0.gguf --draft models/smollm2-f32-q4_0/draft-q4_0.gguf
 
 A draft whose GGUF carries a token subset (edgespec draft-vocab) runs as it does in the loop (SubsetDraft).
@@ -16,9 +16,10 @@ import json
 import time
 from pathlib import Path
 
-from edgespec.api import open_drafter, open_model
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
+from edgespec.backends.open import open_model
 from edgespec.decode.cost import measure_pass_costs
+from edgespec.drafts.spec import open_drafter
 
 CONTEXT = 64  # tokens in both caches before timing: a short answer's worth
 

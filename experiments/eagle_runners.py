@@ -2,7 +2,7 @@
 after a 4-token verify pass of the target (whose pass evicts the head's weights from the CPU caches, as in
 the loop). The cost does not depend on training, so without --head the target's untrained start is used.
 
-    python benchmarks/eagle_runners.py [--target models/smollm2-f32-q4_0/target-f32.gguf] [--head H.eagle.npz]
+    python experiments/eagle_runners.py [--target models/smollm2-f32-q4_0/target-f32.gguf] [--head H.eagle.npz]
 
 Run it alone: nothing else should compete for the machine while it measures.
 """

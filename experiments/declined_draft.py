@@ -8,7 +8,7 @@ read at prefill only where the controller would draft). Each way keeps its own c
 measured at load. Prints decode and total (prefill included) tokens/s, the time the draft took, and rounds
 drafted, and the ratios to target-only.
 
-usage: python benchmarks/declined_draft.py --target target-f32.gguf --draft f32-own-12l.gguf [--max-tokens 128]
+usage: python experiments/declined_draft.py --target target-f32.gguf --draft f32-own-12l.gguf [--max-tokens 128]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 length (a tree of k depths and width w is k * w + 1 tokens), then `edgespec bench` once per tree width on the
 same prompts, each speculative run against its own interleaved target-only run, and one table.
 
-    python benchmarks/trees.py --target models/smollm2-f32-q4_0/target-f32.gguf --draft H.eagle.npz \\
+    python experiments/trees.py --target models/smollm2-f32-q4_0/target-f32.gguf --draft H.eagle.npz \\
         [--widths 1 2 3] [--max-tokens 128] [--category code ...] [--json]
 
 Run it alone: nothing else should compete for the machine while it measures.

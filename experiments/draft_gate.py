@@ -1,7 +1,7 @@
 """Does ending each chain by the draft's confidence pay? Target-only, ungated and gated speculative decoding on
 the same prompts, side by side in one process, per category.
 
-    python benchmarks/draft_gate.py --target target-f32.gguf --draft f32-1800-own.eagle.npz [--also draft-q4_0.gguf]
+    python experiments/draft_gate.py --target target-f32.gguf --draft f32-1800-own.eagle.npz [--also draft-q4_0.gguf]
 
 Each draft loads once; its gated and ungated runs share the models but keep controllers of their own (what one
 learns about acceptance would steer the other), and the three runs of a prompt go in turn, the order rotating

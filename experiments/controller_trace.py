@@ -2,7 +2,7 @@
 target kept, and the acceptance estimate after it; beside the same prompts decoded target-only. For finding out
 why speculation on a real device ran slower than target-only where the simulation (controller_sim.py) does not.
 
-usage: python benchmarks/controller_trace.py --target T.gguf [--draft ngram|D.gguf] [--prompt TEXT ...]
+usage: python experiments/controller_trace.py --target T.gguf [--draft ngram|D.gguf] [--prompt TEXT ...]
        [--max-tokens 96] [--gpu-layers N|all] [--json]
 """
 

@@ -8,7 +8,7 @@ worth in speed, on one target.
 2. `edgespec bench`'s side-by-side run for prompt lookup with each --orders range (shortest-longest n-gram),
    the target loaded once, each variant with a fresh controller.
 
-usage: python benchmarks/lookup.py --target target-f32.gguf [--orders 1-3 --orders 3-4] [--max-tokens 128]
+usage: python experiments/lookup.py --target target-f32.gguf [--orders 1-3 --orders 3-4] [--max-tokens 128]
        [--no-bench: part 1 only]
 """
 

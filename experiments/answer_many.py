@@ -3,7 +3,7 @@
 build_corpus does by default), side by side on the same training prompts, greedy. Also counts the answers
 that differ from the engine's and the largest logit gap at which one differs (streams round near-ties apart).
 
-    python benchmarks/answer_many.py --target models/smollm2-f32-q4_0/target-f32.gguf \\
+    python experiments/answer_many.py --target models/smollm2-f32-q4_0/target-f32.gguf \\
         [--prompts 16] [--max-tokens 160] [--streams 4 8 16] [--draft ngram] [--json]
 
 Run it alone: nothing else should compete for the machine while it measures.
@@ -21,7 +21,7 @@ import numpy as np
 
 from edgespec.api import load, prompt_tokens
 from edgespec.backends.llama.backend import LlamaBackend
-from edgespec.train.distill import read_train_prompts
+from edgespec.train.prompts import read_train_prompts
 
 
 def balanced(n: int) -> list[dict]:

@@ -1,0 +1,111 @@
+"""Commands for models by hub name: pull, models; and the draft choice the run commands report."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from edgespec.api import Engine
+from edgespec.drafts.auto import AUTO_DRAFT, choose_draft
+
+
+@click.command()
+@click.argument("name")
+@click.option("--revision", default=None, help="Branch, tag or commit [default: main, or NAME@REVISION]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: name, repository, commit, files, path")
+def pull(name, revision, as_json):
+    """Download the GGUF model NAME, org/repo[:QUANT], into the Hugging Face cache and print its path.
+
+    QUANT (Q4_K_M, Q8_0, ...; any case) picks the file; without it, Q4_K_M, then Q4_0, then Q8_0, else the first
+    GGUF. A model split in parts is downloaded whole; the path is its first part's. With HF_HUB_OFFLINE=1 the name
+    is resolved from the cache alone. The path works as -m/--target or --draft, and so does NAME itself.
+    """
+    from edgespec.models import hub
+
+    pulled = hub.pull(name, revision=revision, progress=True)
+    if as_json:
+        click.echo(json.dumps({"name": pulled.name, "repo": pulled.repo_id, "commit": pulled.commit,
+                               "files": list(pulled.gguf.files), "quant": hub.quant_of(pulled.gguf.first),
+                               "size": pulled.size, "path": str(pulled.path)}))
+        return
+    click.echo(f"{pulled.name}: {len(pulled.gguf.files)} file(s), {_size(pulled.size)}, commit {pulled.commit[:12]}",
+               err=True)
+    click.echo(str(pulled.path))
+
+
+@click.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print the models and pairs as JSON")
+def models_cmd(as_json):
+    """List the GGUF models in the Hugging Face cache, and the pairs of them that can run as target and draft.
+
+    A pair is two models of different repositories with the same vocabulary (the check a pair passes at load), the
+    draft the smaller; `--draft auto` with a target by hub name picks among them. Reads the files' headers only.
+    """
+    from edgespec.backends.protocol import check_compatible
+    from edgespec.errors import EdgespecError
+    from edgespec.models import hub
+    from edgespec.models.draft_search import gguf_vocab
+
+    cached = hub.cached_models()
+    vocabs = {}  # by path; None: not all parts cached, or unreadable
+    for model in cached:
+        try:
+            vocabs[model.path] = gguf_vocab(model.path) if model.complete else None
+        except EdgespecError:
+            vocabs[model.path] = None
+    pairs = []
+    for target in cached:
+        for draft in cached:
+            vocab, draft_vocab = vocabs[target.path], vocabs[draft.path]
+            if draft.repo_id == target.repo_id or draft.size >= target.size or not (vocab and draft_vocab):
+                continue
+            try:
+                check_compatible(vocab, draft_vocab)
+            except EdgespecError:
+                continue
+            pairs.append({"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1)})
+    rows = [{"name": m.name, "repo": m.repo_id, "refs": list(m.refs), "commit": m.commit, "file": m.gguf.first,
+             "files": list(m.gguf.files), "parts": m.gguf.parts, "quant": hub.quant_of(m.gguf.first), "size": m.size,
+             "path": str(m.path), "n_vocab": vocabs[m.path].n_vocab if vocabs[m.path] else None,
+             "vocab": vocabs[m.path].digest if vocabs[m.path] else None} for m in cached]
+    if as_json:
+        click.echo(json.dumps({"cache": hub.cache_dir(), "offline": hub.offline(), "models": rows, "pairs": pairs},
+                              indent=2))
+        return
+    click.echo(f"Hugging Face cache: {hub.cache_dir()}" + (" (HF_HUB_OFFLINE)" if hub.offline() else ""))
+    if not rows:
+        click.echo("no GGUF models cached: edgespec pull org/repo:QUANT")
+        return
+    width = max(len(r["name"]) for r in rows) + 2
+    click.echo(f"{'name':{width}}{'quant':10}{'size':>10}  vocabulary  file")
+    for r in rows:
+        missing = r["parts"] - len(r["files"])
+        vocab = (f"{r['vocab'][:8]} {r['n_vocab']:>6}" if r["vocab"]
+                 else f"{missing} of {r['parts']} parts missing" if missing else "unreadable")
+        click.echo(f"{r['name']:{width}}{r['quant'] or '-':10}{_size(r['size']):>10}  {vocab:15} {r['file']}")
+    click.echo("\npairs (target <- draft, the same vocabulary):" if pairs else "\nno pairs: no two cached models of "
+               "different repositories share a vocabulary")
+    for p in pairs:
+        click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def draft_choice(engine: Engine, asked=None) -> dict:
+    """The draft an engine runs and why ({"draft", "reason"}). The shared options turn --draft auto into a draft
+    before loading (cli/options.py), so the engine has it as asked for; auto's reason is its choice for the target
+    again (made once per process for a hub target: no second search or download). asked: a draft the command asked
+    for besides --draft (bench --also)."""
+    params = click.get_current_context().params
+    if asked is None and params.get("draft") == AUTO_DRAFT and not params.get("pair"):
+        return {**choose_draft(params.get("target")), "auto": True}
+    return {**(engine.draft_choice or {}), "auto": False}
+
+
+def print_choice(choice: dict) -> None:
+    """A status line (stderr) for a draft auto chose: which, and why; nothing for one asked for."""
+    if choice.get("auto"):
+        click.echo(f"draft (auto): {choice['draft']}: {choice['reason']}", err=True)

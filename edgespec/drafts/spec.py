@@ -1,0 +1,126 @@
+"""What a `--draft` names, parsed once into a DraftSpec: no draft, prompt lookup, a draft model, Medusa or EAGLE
+heads, each of the last three optionally behind prompt lookup ("ngram+DRAFT": lookup where the text repeats
+itself, DRAFT elsewhere). Parsing reads no file; `resolved` turns the names a user may write for a file (a
+shipped draft such as "eagle", a hub name org/repo:QUANT) into the file, downloading a hub model if need be.
+"auto" is not a spec: load decides what it stands for with a target first (api.choose_draft).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from edgespec.drafts.eagle import EAGLE_SUFFIX
+from edgespec.drafts.heads import HEADS_SUFFIX
+from edgespec.errors import EdgespecError
+
+LOOKUP_FIRST = "ngram+"
+KINDS = ("none", "lookup", "model", "medusa", "eagle")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    kind: str  # one of KINDS
+    source: str | None = None  # what names the model or heads: a path, a shipped draft's name, a hub name
+    lookup_first: bool = False  # prompt lookup in front of it
+
+    @property
+    def heads(self) -> str | None:
+        """"medusa" or "eagle" for heads, else None."""
+        return self.kind if self.kind in ("medusa", "eagle") else None
+
+    @property
+    def inner(self) -> DraftSpec:
+        """The draft behind prompt lookup (itself where there is no lookup in front)."""
+        return replace(self, lookup_first=False)
+
+    @property
+    def needs_memory(self) -> bool:
+        """Whether the draft holds weights of its own (a model or heads)."""
+        return self.kind in ("model", "medusa", "eagle")
+
+    def resolved(self) -> DraftSpec:
+        """The spec with a shipped draft's name or a hub name replaced by its file (a hub model is downloaded
+        into the hub cache if it is not there)."""
+        from edgespec.models import hub
+        from edgespec.models.default import SHIPPED_DRAFTS, shipped_draft
+
+        if self.source in SHIPPED_DRAFTS:
+            return replace(self, source=str(shipped_draft(self.source)))
+        if self.kind == "model" and hub.is_hub_name(self.source):
+            return replace(self, source=str(hub.resolve_gguf(self.source)))
+        return self
+
+    def __str__(self) -> str:
+        """The spec as a user writes it."""
+        text = {"none": "none", "lookup": "ngram"}.get(self.kind, self.source)
+        return LOOKUP_FIRST + text if self.lookup_first else text
+
+
+def parse_draft(draft: str | os.PathLike | DraftSpec | None) -> DraftSpec:
+    """A --draft value as a DraftSpec (None: no draft). Reads no file."""
+    from edgespec.models.default import SHIPPED_DRAFTS
+
+    if isinstance(draft, DraftSpec):
+        return draft
+    text = "none" if draft is None else os.fspath(draft)
+    if text == "auto":
+        raise EdgespecError("'auto' stands for a draft chosen with the target: resolve it with the target first")
+    lookup_first = text.startswith(LOOKUP_FIRST)
+    inner = text[len(LOOKUP_FIRST):] if lookup_first else text
+    if lookup_first and inner in ("ngram", "none", "", "auto"):
+        raise EdgespecError(f"{text!r}: after 'ngram+' name a draft model or heads file (ngram+draft.gguf)")
+    if inner in ("none", ""):
+        return DraftSpec("none")
+    if inner == "ngram":
+        return DraftSpec("lookup")
+    name = inner if inner not in SHIPPED_DRAFTS else SHIPPED_DRAFTS[inner]
+    kind = "medusa" if name.endswith(HEADS_SUFFIX) else "eagle" if name.endswith(EAGLE_SUFFIX) else "model"
+    return DraftSpec(kind, inner, lookup_first)
+
+
+def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window: int | None = None,
+                 threads: int | None = None, provider: str = "cpu", **settings):
+    """The drafter for a draft against a loaded target: (drafter or None, its own backend if it is a model, seconds
+    per drafted token measured here). window: recent tokens a draft model reads (default 1024); settings:
+    llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
+    from edgespec.backends.model_info import read_model_info
+    from edgespec.backends.open import open_model
+    from edgespec.decode.cost import measure_pass_costs
+    from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
+    from edgespec.drafts.subset import SubsetDraft
+    from edgespec.plan.planner import DRAFT_WINDOWS
+
+    spec = parse_draft(draft).resolved()
+    if spec.kind == "none":
+        return None, None, 0.0
+    if spec.kind == "lookup":
+        return PromptLookupDrafter(target.vocab.n_vocab), None, 0.0
+    if spec.lookup_first:
+        inner, backend, cost = open_drafter(spec.inner, target, window=window, threads=threads, provider=provider,
+                                            **settings)
+        return LookupFirstDrafter(inner, target.vocab.n_vocab), backend, cost
+    if spec.kind == "eagle":
+        from edgespec.drafts.eagle import EagleDrafter
+
+        drafter = EagleDrafter(spec.source, target, n_threads=threads)
+        return drafter, None, drafter.measure_cost()
+    if spec.kind == "medusa":
+        from edgespec.drafts.heads import MedusaDrafter
+
+        drafter = MedusaDrafter(spec.source, target)
+        return drafter, None, drafter.measure_cost()
+    # a draft model reads a window of recent tokens, and needs room for what it drafts
+    draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
+    path = Path(spec.source)
+    if path.suffix.lower() == ".gguf" and path.is_file() and read_model_info(path).draft_vocab:
+        # drafts from the subset its file carries (edgespec draft-vocab); on the CPU, as llama.cpp vector input
+        backend = SubsetDraft(path, n_ctx=draft_ctx, n_threads=threads, kv_type=settings.get("kv_type", "f16"))
+    else:
+        backend = open_model(path, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
+    try:
+        return ModelDrafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
+    except BaseException:
+        backend.close()
+        raise

@@ -1,0 +1,321 @@
+"""Models by hub name, on a hub cache laid out here as huggingface-hub lays it out (blobs, refs, snapshots of links),
+offline: no test reaches the network."""
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import main
+from edgespec.errors import EdgespecError
+from edgespec.models import draft_search, hub
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+COMMIT_V2 = "fedcba9876543210fedcba9876543210fedcba98"
+TARGET = "test-org/SmolLM2-135M-Instruct-GGUF"  # the default model's bytes under quant-named files
+DRAFT = "test-org/Tiny-GGUF"  # a random tiny model with the default model's vocabulary
+OTHER = "test-org/Other-Vocab-GGUF"  # the same tokenizer padded to 49216 tokens: not a draft for the target
+
+
+@pytest.fixture(scope="session")
+def ggufs(tmp_path_factory, default_gguf):
+    """Real GGUF files to link into caches: the default model, a tiny model of its vocabulary (whole and split in two
+    parts, as gguf-py splits), a wider one (a target that loads and measures in a moment) and one of another
+    vocabulary."""
+    import gguf
+
+    from edgespec.models.random_gguf import Shape, write_random_gguf
+
+    folder = tmp_path_factory.mktemp("ggufs")
+    (folder / "default.gguf").write_bytes(Path(default_gguf).read_bytes())
+    tiny = write_random_gguf(folder / "tiny.gguf", shape="tiny", n_vocab=49152, dtype="f32")
+    other = write_random_gguf(folder / "other.gguf", shape="tiny", n_vocab=49216, dtype="f32")
+    wide = write_random_gguf(folder / "wide.gguf", shape=Shape(2, 256, 4, 2, 512), n_vocab=49152, dtype="f32")
+    reader = gguf.GGUFReader(tiny)
+    writer = gguf.GGUFWriter(folder / "split.gguf", "llama", split_max_tensors=10)
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            kind = field.types[0]
+            writer.add_key_value(field.name, field.contents(), kind,
+                                 sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parts = sorted(folder.glob("split-0000*-of-00002.gguf"))
+    assert len(parts) == 2
+    return {"default": folder / "default.gguf", "tiny": tiny, "other": other, "wide": wide, "split": parts}
+
+
+@lru_cache
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def add_repo(cache: Path, repo_id: str, files: dict, commit: str = COMMIT, ref: str | None = "main") -> Path:
+    """A repository in a huggingface-hub cache: blobs by content hash (hard links of `files`' sources, no copies),
+    snapshots/<commit>/<name> relative links to them, refs/<ref> naming the commit. Returns the snapshot."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot = repo / "snapshots" / commit
+    for name, source in files.items():
+        blob = repo / "blobs" / _sha256(source)
+        if not blob.exists():
+            os.link(source, blob)
+        link = snapshot / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    if ref:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty hub cache, offline, for huggingface-hub (which read its environment at import) and the environment."""
+    from huggingface_hub import constants
+
+    root = tmp_path / "hub"
+    root.mkdir()
+    for name, value in (("HF_HUB_CACHE", str(root)), ("HF_HUB_OFFLINE", True)):
+        monkeypatch.setattr(constants, name, value)
+        monkeypatch.setenv(name, "1" if value is True else value)
+    return root
+
+
+@pytest.fixture
+def populated(cache, ggufs):
+    add_repo(cache, TARGET, {"SmolLM2-135M-Instruct-Q4_K_M.gguf": ggufs["default"],
+                             "smollm2-135m-instruct-q8_0.gguf": ggufs["default"], "README.md": ggufs["tiny"]})
+    add_repo(cache, DRAFT, {"tiny.gguf": ggufs["tiny"]})
+    add_repo(cache, OTHER, {"other-Q4_K_M.gguf": ggufs["other"]})
+    return cache
+
+
+def tree(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): (p.is_symlink(), p.stat().st_mtime_ns if p.exists() else None)
+            for p in root.rglob("*")}
+
+
+# --- names and quantizations: pure ---------------------------------------------------------------------------------
+
+def test_quant_picking_is_case_insensitive_exact_and_defaults_to_q4_k_m(tmp_path):
+    files = ["Qwen2.5-1.5B-Instruct-Q4_K_M.gguf", "qwen2.5-1.5b-instruct-q8_0.gguf", "Qwen2.5-1.5B-Instruct-Q4_0.gguf",
+             "Qwen2.5-1.5B-Instruct-Q4_K_M_L.gguf", "mmproj-f16.gguf", "README.md", "config.json"]
+    ggufs = hub.group_ggufs(files)
+    assert [g.first for g in ggufs] == sorted(files[:4], key=str.lower)  # the vision projector is no model
+    pick = lambda quant: hub.pick(ggufs, quant, "org/repo").first  # noqa: E731
+    assert pick("q4_k_m") == pick("Q4_K_M") == "Qwen2.5-1.5B-Instruct-Q4_K_M.gguf"  # not Q4_K_M_L
+    assert pick("Q8_0") == "qwen2.5-1.5b-instruct-q8_0.gguf"
+    assert pick("Qwen2.5-1.5B-Instruct-Q4_K_M_L.gguf") == "Qwen2.5-1.5B-Instruct-Q4_K_M_L.gguf"  # by its file
+    assert pick(None) == "Qwen2.5-1.5B-Instruct-Q4_K_M.gguf"
+    assert hub.pick(hub.group_ggufs(files[1:3]), None, "o/r").first.endswith("Q4_0.gguf")  # then Q4_0, then Q8_0
+    assert hub.pick(hub.group_ggufs(["b-F16.gguf", "a-IQ2_XS.gguf"]), None, "o/r").first == "a-IQ2_XS.gguf"  # first
+    assert [hub.quant_of(f) for f in files[:4]] == ["Q4_K_M", "Q8_0", "Q4_0", "Q4_K_M_L"]
+    with pytest.raises(EdgespecError, match=r"org/repo has no Q5_K_M GGUF; it has Q4_0, Q4_K_M, Q4_K_M_L, Q8_0"):
+        pick("Q5_K_M")
+    twins = hub.group_ggufs(["a/x-Q8_0.gguf", "b/x-Q8_0.gguf"])
+    with pytest.raises(EdgespecError, match=r"2 GGUF models of q8_0: a/x-Q8_0.gguf, b/x-Q8_0.gguf; name one by its "
+                       "file, e.g. org/repo:a/x-Q8_0.gguf"):
+        hub.pick(twins, "q8_0", "org/repo")
+    assert hub.pick(twins, "b/x-Q8_0.gguf", "o/r").first == "b/x-Q8_0.gguf"
+    with pytest.raises(EdgespecError, match="org/repo has no GGUF file"):
+        hub.pick(hub.group_ggufs(["model.safetensors"]), None, "org/repo")
+
+
+def test_split_files_are_one_model_named_by_its_first_part():
+    files = ["Q4_K_M/big-Q4_K_M-00002-of-00003.gguf", "Q4_K_M/big-Q4_K_M-00001-of-00003.gguf",
+             "Q4_K_M/big-Q4_K_M-00003-of-00003.gguf", "big-Q8_0.gguf"]
+    (split, single) = sorted(hub.group_ggufs(files), key=lambda g: g.parts, reverse=True)
+    assert split.files == tuple(sorted(files[:3])) and split.parts == 3 and split.label() == "Q4_K_M"
+    assert hub.pick([single, split], "q4_k_m", "o/r") is split and hub.pick([single, split], None, "o/r") is split
+    assert hub.group_ggufs(files[:2])[0].parts == 3  # two of three parts: incomplete, and it says so
+
+
+def test_hub_names_are_what_is_no_file_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert hub.parse_name("Qwen/Qwen2.5-1.5B-Instruct-GGUF:q4_k_m@v1.0") == (
+        "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "q4_k_m", "v1.0")
+    assert hub.parse_name("org/repo") == ("org/repo", None, None)
+    assert hub.is_hub_name("org/repo:Q4_K_M") and hub.is_hub_name("org/repo.v2")
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "repo").write_bytes(b"GGUF")
+    for name in ("org/repo", "dir/missing.gguf", "./org/x", "/abs/path", "ngram", "eagle", "ngram+x.gguf", None):
+        assert not hub.is_hub_name(name), name
+
+
+def test_the_catalogue_pairs_families_with_a_source_each():
+    pairs = draft_search.catalogue()
+    assert {p.family for p in pairs} >= {"Qwen2.5 Instruct", "Qwen3", "Gemma 2 instruction-tuned", "SmolLM2 Instruct"}
+    for pair in pairs:
+        assert pair.sources and all(s.startswith("https://") for s in pair.sources), pair.family
+        assert hub.parse_name(pair.draft)[1], pair.draft  # a quant, so the file is known
+    catalogued = draft_search.catalogued
+    assert catalogued("bartowski/Llama-3.3-70B-Instruct-GGUF").draft.startswith("bartowski/Llama-3.2-1B-Instruct")
+    assert catalogued("Qwen/Qwen2.5-3B-Instruct-GGUF").family == "Qwen2.5 Instruct"
+    assert catalogued("Qwen/Qwen2.5-7B-Instruct-GGUF") is None  # 152064 tokens: the 0.5B's check would fail
+    assert catalogued("Qwen/Qwen3-8B-GGUF").draft.startswith("Qwen/Qwen3-0.6B-GGUF")
+    assert catalogued("Qwen/Qwen3-0.6B-GGUF") is None and catalogued("org/phi-4-GGUF") is None
+
+
+# --- the cache, offline --------------------------------------------------------------------------------------------
+
+def test_names_resolve_offline_from_the_cached_snapshot(populated, ggufs):
+    from edgespec.api import resolve_model
+    from edgespec.drafts.spec import parse_draft
+
+    snapshot = populated / f"models--{TARGET.replace('/', '--')}" / "snapshots" / COMMIT
+    assert hub.resolve_gguf(f"{TARGET}:q8_0") == snapshot / "smollm2-135m-instruct-q8_0.gguf"
+    assert hub.resolve_gguf(TARGET) == snapshot / "SmolLM2-135M-Instruct-Q4_K_M.gguf"  # Q4_K_M first
+    assert resolve_model(f"{TARGET}:Q8_0") == snapshot / "smollm2-135m-instruct-q8_0.gguf"
+    assert str(parse_draft(f"ngram+{DRAFT}").resolved()) == f"ngram+{hub.resolve_gguf(DRAFT)}"
+    assert resolve_model("ngram") == "ngram"
+    pulled = hub.pull(f"{TARGET}:Q4_K_M")
+    assert pulled.name == f"{TARGET}:Q4_K_M" and pulled.commit == COMMIT
+    assert pulled.size == ggufs["default"].stat().st_size and pulled.path.read_bytes()[:4] == b"GGUF"
+
+
+def test_a_split_model_is_pulled_whole_and_llama_cpp_opens_its_first_part(cache, ggufs):
+    from edgespec.backends.llama.backend import LlamaBackend
+
+    names = [p.name.replace("split", "Tiny-Q8_0") for p in ggufs["split"]]
+    add_repo(cache, "test-org/Split-GGUF", dict(zip(names, ggufs["split"], strict=True)))
+    pulled = hub.pull("test-org/Split-GGUF:Q8_0")
+    assert pulled.path.name == "Tiny-Q8_0-00001-of-00002.gguf" and pulled.gguf.files == tuple(sorted(names))
+    assert pulled.size == sum(p.stat().st_size for p in ggufs["split"])
+    model = LlamaBackend(pulled.path, n_ctx=32, n_threads=1)  # it finds part 2 beside part 1
+    try:
+        assert model.vocab.n_vocab == 49152
+    finally:
+        model.close()
+    add_repo(cache, "test-org/Half-GGUF", {names[0]: ggufs["split"][0]})
+    with pytest.raises(EdgespecError, match="split in 2 parts, 1 of them in the hub cache"):
+        hub.pull("test-org/Half-GGUF")
+
+
+def test_a_revision_picks_another_snapshot(populated, ggufs):
+    add_repo(populated, TARGET, {"SmolLM2-135M-Instruct-Q8_0.gguf": ggufs["tiny"]}, commit=COMMIT_V2, ref="v2")
+    snapshot_v2 = populated / f"models--{TARGET.replace('/', '--')}" / "snapshots" / COMMIT_V2
+    assert hub.resolve_gguf(f"{TARGET}:Q8_0", revision="v2") == snapshot_v2 / "SmolLM2-135M-Instruct-Q8_0.gguf"
+    assert hub.resolve_gguf(f"{TARGET}@v2") == hub.resolve_gguf(TARGET, revision=COMMIT_V2)  # by name, by commit
+    assert hub.resolve_gguf(TARGET).parent.name == COMMIT  # main is where it was
+    with pytest.raises(EdgespecError, match=rf"{TARGET} has no Q4_K_M GGUF in its cached snapshot .*; it has Q8_0"):
+        hub.pull(f"{TARGET}:Q4_K_M@v2")
+    names = {m.name for m in hub.cached_models()}
+    assert f"{TARGET}:Q8_0@v2" in names and f"{TARGET}:Q4_K_M" in names
+
+
+@pytest.mark.parametrize("name, message", [
+    ("test-org/Absent-GGUF:Q4_K_M", "is not in the hub cache .* and HF_HUB_OFFLINE is set"),
+    (f"{TARGET}:Q4_K_M@v9", r"@v9 is not in the hub cache"),
+    (f"{TARGET}:Q5_K_M", f"{TARGET} has no Q5_K_M GGUF in its cached snapshot .*; it has Q4_K_M, Q8_0"),
+    ("test-org/Checkpoint", "test-org/Checkpoint has no GGUF file"),
+    ("test-org/Twins-GGUF:Q8_0", "2 GGUF models of Q8_0"),
+])
+def test_errors_are_one_clear_message_and_change_nothing(populated, ggufs, name, message):
+    add_repo(populated, "test-org/Checkpoint", {"config.json": ggufs["tiny"]})
+    add_repo(populated, "test-org/Twins-GGUF", {"a/m-Q8_0.gguf": ggufs["tiny"], "b/m-Q8_0.gguf": ggufs["tiny"]})
+    before = tree(populated)
+    with pytest.raises(EdgespecError, match=message):
+        hub.pull(name)
+    result = CliRunner().invoke(main, ["pull", name])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert tree(populated) == before
+
+
+# --- the commands --------------------------------------------------------------------------------------------------
+
+def test_pull_prints_the_path_and_models_lists_the_cache_and_its_pairs(populated):
+    runner = CliRunner()
+    result = runner.invoke(main, ["pull", f"{TARGET}:q8_0"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(hub.resolve_gguf(f"{TARGET}:Q8_0"))
+    data = json.loads(runner.invoke(main, ["pull", DRAFT, "--json"]).stdout)
+    assert data["name"] == f"{DRAFT}:tiny.gguf" and data["files"] == ["tiny.gguf"] and data["commit"] == COMMIT
+
+    listing = json.loads(runner.invoke(main, ["models", "--json"]).stdout)
+    assert listing["offline"] and {m["name"] for m in listing["models"]} == {
+        f"{TARGET}:Q4_K_M", f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf", f"{OTHER}:Q4_K_M"}
+    by_name = {m["name"]: m for m in listing["models"]}
+    assert by_name[f"{TARGET}:Q8_0"]["vocab"] == by_name[f"{DRAFT}:tiny.gguf"]["vocab"] != by_name[
+        f"{OTHER}:Q4_K_M"]["vocab"]
+    assert by_name[f"{OTHER}:Q4_K_M"]["n_vocab"] == 49216 and by_name[f"{TARGET}:Q4_K_M"]["quant"] == "Q4_K_M"
+    # the draft with each of the target's files; not the other vocabulary, nor two files of one repository
+    assert sorted((p["target"], p["draft"]) for p in listing["pairs"]) == [
+        (f"{TARGET}:Q4_K_M", f"{DRAFT}:tiny.gguf"), (f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf")]
+    text = runner.invoke(main, ["models"]).output
+    assert f"{TARGET}:Q4_K_M <- {DRAFT}:tiny.gguf" in text and "other-Q4_K_M.gguf" in text
+
+
+def test_models_on_an_empty_cache(cache):
+    result = CliRunner().invoke(main, ["models"])
+    assert result.exit_code == 0 and "no GGUF models cached" in result.output
+    assert json.loads(CliRunner().invoke(main, ["models", "--json"]).stdout)["models"] == []
+
+
+# --- draft auto ----------------------------------------------------------------------------------------------------
+
+def test_auto_finds_a_smaller_cached_model_with_the_targets_vocabulary(populated):
+    from edgespec.drafts.auto import auto_draft, choose_draft
+
+    choice = choose_draft(f"{TARGET}:Q4_K_M")
+    assert choice["draft"] == f"{DRAFT}:tiny.gguf" and "cached, with the target's vocabulary" in choice["reason"]
+    assert auto_draft(f"{TARGET}:Q4_K_M") == choice["path"] == str(hub.resolve_gguf(DRAFT))
+
+
+def test_auto_prefers_the_catalogued_draft_and_never_downloads_offline(cache, ggufs):
+    from edgespec.drafts.auto import choose_draft
+
+    # SmolLM2-1.7B-Instruct: catalogued with HuggingFaceTB/SmolLM2-360M-Instruct-GGUF (here: the tiny model, split)
+    add_repo(cache, "test-org/SmolLM2-1.7B-Instruct-GGUF", {"SmolLM2-1.7B-Instruct-Q4_K_M.gguf": ggufs["default"]})
+    add_repo(cache, OTHER, {"other-Q4_K_M.gguf": ggufs["other"]})
+    before = tree(cache)
+    choice = choose_draft("test-org/SmolLM2-1.7B-Instruct-GGUF")
+    assert choice == {"draft": "ngram", "reason": "prompt lookup: no cached GGUF has test-org/SmolLM2-1.7B-Instruct-"
+                      "GGUF:Q4_K_M's vocabulary at 50% of its size or less, and the catalogue's draft HuggingFaceTB/"
+                      "SmolLM2-360M-Instruct-GGUF:Q8_0 is not cached (HF_HUB_OFFLINE is set)"}
+    assert tree(cache) == before
+    names = [p.name.replace("split", "SmolLM2-360M-Instruct-Q8_0") for p in ggufs["split"]]
+    add_repo(cache, "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF", dict(zip(names, ggufs["split"], strict=True)))
+    add_repo(cache, DRAFT, {"tiny.gguf": ggufs["tiny"]})
+    assert sum(p.stat().st_size for p in ggufs["split"]) > ggufs["tiny"].stat().st_size
+    choice = choose_draft("test-org/SmolLM2-1.7B-Instruct-GGUF:Q4_K_M")  # another name: chosen afresh
+    assert choice["draft"] == "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF:Q8_0", choice  # catalogued over smaller
+    assert choice["path"].endswith("-00001-of-00002.gguf") and "published as a draft for SmolLM2" in choice["reason"]
+
+
+def test_auto_keeps_prompt_lookup_for_files_and_the_default_model(default_gguf, populated):
+    from edgespec.drafts.auto import auto_draft, choose_draft
+
+    assert auto_draft(default_gguf) == choose_draft(None)["draft"] == "ngram"  # even with a draft in the cache
+    assert "model file or folder" in choose_draft(default_gguf)["reason"]
+
+
+@pytest.mark.slow
+def test_generate_reports_the_auto_choice_and_the_fallback(populated, ggufs):
+    from edgespec.api import load
+
+    add_repo(populated, "test-org/Wide-GGUF", {"wide-F32.gguf": ggufs["wide"]})  # 3.9 times the tiny draft
+    runner = CliRunner()
+    args = ["generate", "Hi", "-n", "2", "--draft-max", "1", "--cpu"]
+    result = runner.invoke(main, [*args, "-m", "test-org/Wide-GGUF"])
+    assert result.exit_code == 0, result.output
+    assert f"draft (auto): {DRAFT}:tiny.gguf: cached, with the target's vocabulary, 3.9x smaller" in result.stderr
+    assert ", draft tiny.gguf (llama.cpp on cpu" in result.stderr  # and it ran
+    fallback = {"draft": "ngram", "auto": True, "reason": f"prompt lookup: no cached GGUF has {OTHER}:Q4_K_M's "
+                f"vocabulary at 50% of its size or less, and the catalogue pairs no draft with {OTHER}"}
+    data = json.loads(runner.invoke(main, [*args, "--json", "-m", OTHER]).stdout)
+    assert data["draft_choice"] == fallback and data["placement"]["draft"] is None
+    engine = load(OTHER, "none", n_ctx=64)
+    try:
+        assert engine.draft_choice == {"draft": "none", "reason": "asked for"}
+    finally:
+        engine.close()
