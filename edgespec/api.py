@@ -34,7 +34,8 @@ from edgespec.plan import placement
 
 DEFAULT_DRAFT = AUTO_DRAFT
 MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
-K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to 15)
+LONGEST_DRAFT = MAX_OUTPUTS - 1  # the longest draft one verify pass checks (its k drafts and 1 more row)
+K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to LONGEST_DRAFT)
 CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
     "Sure! Here is a short answer. The sky looks blue because air molecules scatter short (blue) "
     "wavelengths of sunlight more than long (red) ones; this is called Rayleigh scattering.\n\n"
@@ -113,8 +114,8 @@ class Engine:
         An engine runs one generation at a time: starting a stream closes the one before it.
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        if draft_max is not None and not 0 <= draft_max <= 15:
-            raise EdgespecError(f"draft max must be between 0 and 15, got {draft_max}")
+        if draft_max is not None and not 0 <= draft_max <= LONGEST_DRAFT:
+            raise EdgespecError(f"draft max must be between 0 and {LONGEST_DRAFT}, got {draft_max}")
         tokens = self.prompt_tokens(prompt, chat=chat)
         constraint = None
         if json_schema is not None:
@@ -325,7 +326,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         raise
     controller = None
     if drafter is not None:
-        k_max = min(k_max, (MAX_OUTPUTS - 1) // tree_width)  # a round's tree fits one pass
+        k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
         controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max,
                                      width=tree_width)
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start

@@ -30,7 +30,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edgespec.api import Engine
+from edgespec.api import LONGEST_DRAFT, Engine
 from edgespec.decode.loop import Stats
 from edgespec.errors import EdgespecError
 from edgespec.server_errors import (
@@ -82,7 +82,7 @@ class Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(1, ge=1)
-    draft_max: int | None = Field(None, ge=0, le=15)
+    draft_max: int | None = Field(None, ge=0, le=LONGEST_DRAFT)
     logprobs: bool | int | None = None
     tools: list | None = None
     response_format: dict | None = None

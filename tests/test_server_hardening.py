@@ -241,9 +241,10 @@ def test_serve_passes_the_queue_and_time_limit_options_on(monkeypatch):
 
     import edgespec.server
     from edgespec import cli
+    from edgespec.cli import options
 
     served_with = {}
-    monkeypatch.setattr(cli, "load", lambda *args, **kwargs: Engine(Utf8Fake(), None, None))
+    monkeypatch.setattr(options, "load", lambda *args, **kwargs: Engine(Utf8Fake(), None, None))
     monkeypatch.setattr(edgespec.server, "serve", lambda engine, **options: served_with.update(options))
     result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--max-queue", "3", "--request-timeout", "2.5"])
     assert result.exit_code == 0, result.output

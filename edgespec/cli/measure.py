@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from edgespec.api import DEFAULT_DRAFT, Engine
+from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
 from edgespec.cli.models import draft_choice, print_choice
 from edgespec.cli.options import model_options, plan_options, read_schema, status
 from edgespec.drafts.spec import open_drafter, parse_draft
@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
               help="JSONL with {'cat': ..., 'prompt': ...} per line [default: the built-in set]")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
-@click.option("--draft-max", type=click.IntRange(0, 15), default=None,
+@click.option("--draft-max", type=click.IntRange(0, LONGEST_DRAFT), default=None,
               help="Fix the speculative draft length [default: chosen from measured costs]")
 @click.option("--also", "also", multiple=True,
               help="Another draft to bench on the same prompts (repeatable): drafts side by side per category")
@@ -189,7 +189,7 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
               help="Tokens per answer, in calibration and check")
 @click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
-@click.option("--draft-max", "k_max", type=click.IntRange(1, 15), default=6, show_default=True,
+@click.option("--draft-max", "k_max", type=click.IntRange(1, LONGEST_DRAFT), default=6, show_default=True,
               help="Longest draft length to predict (and check)")
 @click.option("--check", is_flag=True,
               help="Then run real speculative decoding on held-out prompts at every draft length: predicted vs "

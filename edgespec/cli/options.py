@@ -7,7 +7,7 @@ import json
 
 import click
 
-from edgespec.api import DEFAULT_DRAFT, MAX_TREE_WIDTH, Engine, load
+from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
 from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
@@ -95,7 +95,7 @@ def sampling_options(f):
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
         click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True),
         click.option("--seed", type=int, default=None, help="Seed of the sampler [default: random]"),
-        click.option("--draft-max", type=click.IntRange(0, 15), default=None,
+        click.option("--draft-max", type=click.IntRange(0, LONGEST_DRAFT), default=None,
                      help="Fix the draft length (0 = target only) [default: chosen from measured costs]"),
         click.option("--stop", multiple=True, help="Stop string (repeatable)"),
     ]):
