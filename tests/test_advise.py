@@ -245,3 +245,21 @@ def test_advise_refuses_bad_input(args, message, tmp_path):
     one.write_text('{"cat": "chat", "prompt": "Hi"}\n')
     result = CliRunner().invoke(main, ["advise", *[a.format(one=one) for a in args]])
     assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_the_target_answers_through_the_loop_with_its_rows_and_its_end_token():
+    """Calibration's answers come from the loop: the tokens, the end token that ended the answer last (which the
+    loop's events do not carry), and the target's row at each of them, read back in a teacher-forced pass."""
+    from edgespec.plan.calibration import target_answer
+
+    table = np.full((5, 5), -9.0)
+    for token, following in {1: 2, 2: 3, 3: 0, 0: 4, 4: 4}.items():  # 1 -> 2 -> 3 -> end (0)
+        table[token, following] = 9.0
+    backend = FakeBackend(table)
+    greedy, rng = SamplingParams(temperature=0), np.random.default_rng(0)
+    tokens, rows, hidden = target_answer(backend, [4, 1], greedy, rng, 10)
+    assert tokens == [2, 3, 0] and hidden is None
+    np.testing.assert_array_equal(rows, table[[1, 2, 3]])
+    tokens, rows, _ = target_answer(backend, [4, 1], greedy, rng, 1)  # cut by max_tokens: no end token
+    assert tokens == [2] and rows.shape == (1, 5)
+    assert backend.tokens == []  # the cache is left empty, as calibration expects

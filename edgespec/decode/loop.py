@@ -51,6 +51,7 @@ class Stats:
     target_s: float = 0.0
     decode_s: float = 0.0  # wall time after the prefill
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "context", "cancelled"
+    end_token: int | None = None  # the end-of-generation token that ended the answer, which no Event carries
 
     @property
     def acceptance_rate(self) -> float:
@@ -235,7 +236,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 if constraint is not None:
                     constraint.consume(tok)
                 if tok in eog:
-                    stats.finish_reason = "stop"
+                    stats.finish_reason, stats.end_token = "stop", tok
                     break
                 stats.generated += 1
                 stats.decode_s = decode_base + clock() - t_decode  # live: tokens/s mid-stream too

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backends.protocol import forward_rows, sync
+from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.rule import dense
-from edgespec.decode.sampling import SamplingParams, sample, to_probs
+from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
 from edgespec.progress import Steps
@@ -93,22 +94,23 @@ class _HiddenRows:
 
 def target_answer(target, prompt: list[int], params: SamplingParams, rng: np.random.Generator,
                   max_tokens: int) -> tuple[list[int], np.ndarray, np.ndarray | None]:
-    """The target alone answers: (tokens, their rows of logits [n, V], the hidden rows [n, E] that produced them
-    if the target returns hidden states). The answer ends with an end token, or after max_tokens."""
-    eog = target.vocab.eog_ids
+    """The target alone answers, through the loop as every decode does: (tokens, the end token last where one ended
+    the answer; their rows of logits [n, V]; the hidden rows [n, E] that produced them if the target returns hidden
+    states), the rows read back in teacher-forced passes over the answer. The answer ends with an end token, or
+    after max_tokens."""
+    stats = Stats()
+    tokens = [event.token for event in speculate(target, None, None, prompt, params, rng, max_tokens=max_tokens,
+                                                 stats=stats) if event.token is not None]
+    if stats.end_token is not None:
+        tokens.append(stats.end_token)
     sync(target, prompt[:-1], 0)
-    last, tokens, rows, hidden = prompt[-1], [], [], []
-    for _ in range(max_tokens):
-        logits = target.forward([last], 1)[0]
-        rows.append(np.asarray(logits, dtype=np.float32))
+    rows, hidden = [], []
+    for chunk in forward_rows(target, [prompt[-1], *tokens[:-1]]):  # row i: the target's guess at tokens[i]
+        rows.append(np.array(chunk, dtype=np.float32))
         if target.last_hidden is not None:
-            hidden.append(target.last_hidden[0].copy())
-        last = sample(to_probs(logits, params), rng)
-        tokens.append(last)
-        if last in eog:
-            break
+            hidden.append(target.last_hidden.copy())
     target.rollback(0)
-    return tokens, np.stack(rows), np.stack(hidden) if hidden else None
+    return tokens, np.concatenate(rows), np.concatenate(hidden) if hidden else None
 
 
 def teacher_forced(backend, prompt: list[int], answer: list[int]) -> np.ndarray:
