@@ -319,3 +319,29 @@ def test_generate_reports_the_auto_choice_and_the_fallback(populated, ggufs):
         assert engine.draft_choice == {"draft": "none", "reason": "asked for"}
     finally:
         engine.close()
+
+
+def test_chat_runs_a_model_by_hub_name_from_the_cache_offline(populated):
+    """What the issue asks for, as a user types it: edgespec chat -m org/repo:QUANT with HF_HUB_OFFLINE set."""
+    result = CliRunner().invoke(main, ["chat", "-m", f"{TARGET}:Q8_0", "--draft", "none", "-n", "4", "--cpu"],
+                                input="Hi\n/exit\n")
+    assert result.exit_code == 0, result.output
+    assert "smollm2-135m-instruct-q8_0.gguf (llama.cpp on cpu" in result.stderr
+    assert result.stdout.count("> ") >= 2  # it answered the first line and came back for the next
+
+
+def test_a_split_model_is_planned_whole(cache, ggufs):
+    """The memory plan of a split model counts every part's weights, not only those of the part llama.cpp opens."""
+    from edgespec.api import plan_for
+    from edgespec.backends.model_info import read_model_info
+
+    names = [p.name.replace("split", "Tiny-Q8_0") for p in ggufs["split"]]
+    add_repo(cache, "test-org/Split-GGUF", dict(zip(names, ggufs["split"], strict=True)))
+    whole = read_model_info(ggufs["tiny"])
+    split = read_model_info(hub.resolve_gguf("test-org/Split-GGUF"))
+    assert len(split.tensors) == len(whole.tensors) and split.weight_bytes == whole.weight_bytes
+    plan = plan_for("test-org/Split-GGUF", "none", device="rpi5-8gb", measure_bandwidth=False)
+    assert plan.target.weights >= whole.weight_bytes > 0
+    second = hub.resolve_gguf("test-org/Split-GGUF").with_name(names[1])
+    with pytest.raises(EdgespecError, match="give its first part"):
+        read_model_info(second)

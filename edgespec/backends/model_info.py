@@ -13,6 +13,7 @@ import dataclasses
 import math
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,9 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
 
 # --- GGUF ------------------------------------------------------------------------------------------
 
+# the parts of a split model, as llama.cpp's gguf-split and gguf-py name them
+SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})\.gguf$", re.IGNORECASE)
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
@@ -177,6 +181,7 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
 
 def read_gguf_info(path: Path) -> ModelInfo:
     meta, tensors = read_gguf_header(path)
+    tensors += _other_parts_tensors(path, int(meta.get("split.count", 1) or 1))
     arch = meta.get("general.architecture", "llama")
 
     def get(key, default=None):
@@ -194,6 +199,24 @@ def read_gguf_info(path: Path) -> ModelInfo:
                      n_head_kv=get("attention.head_count_kv", n_head),
                      head_dim=get("attention.key_length", n_embd // n_head), n_vocab=n_vocab,
                      n_ctx_train=get("context_length", 0), tensors=tuple(tensors), draft_vocab=meta.get(SUBSET_KEY, 0))
+
+
+def _other_parts_tensors(path: Path, parts: int) -> list[Tensor]:
+    """The tensors of a split model's other parts (name-00002-of-00003.gguf, ... beside its first part, named as
+    llama.cpp's gguf-split and gguf-py name them): a plan counts the whole model's weights."""
+    if parts <= 1:
+        return []
+    match = SPLIT_NAME.match(path.name)
+    if match is None or int(match["part"]) != 1:
+        raise EdgespecError(f"{path} is one part of a model split in {parts}: give its first part, "
+                            "NAME-00001-of-0000N.gguf")
+    tensors = []
+    for part in range(2, parts + 1):
+        sibling = path.with_name(f"{match['stem']}-{part:05d}-of-{match['parts']}.gguf")
+        if not sibling.is_file():
+            raise EdgespecError(f"{path} is part 1 of {parts}, and {sibling.name} is not beside it")
+        tensors += read_gguf_header(sibling)[1]
+    return tensors
 
 
 # --- ONNX ------------------------------------------------------------------------------------------

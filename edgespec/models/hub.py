@@ -20,13 +20,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.backends.model_info import SPLIT_NAME
 from edgespec.errors import EdgespecError
 
 # QUANT may also be a file of the repository (dir/name.gguf) where a quantization names more than one
 NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?::(?P<quant>[\w./-]+))?(?:@(?P<revision>[\w./-]+))?$")
 MODEL_SUFFIXES = (".gguf", ".onnx", ".npz", ".json")  # "dir/model.gguf" that is not there is a missing file
 DEFAULT_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")  # a name without QUANT: the first of these the repository has
-SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})\.gguf$", re.IGNORECASE)
+
 # a quantization label in a file name: Q4_K_M, IQ4_XS, Q8_0, F16, BF16, UD-Q4_K_XL (unsloth), MXFP4
 QUANT_LABEL = re.compile(r"(?:^|[-._/])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|BF16|FP16|F16|F32|TQ\d_\d|MXFP4))(?=$|[-.])",
                          re.IGNORECASE)
@@ -106,7 +107,7 @@ def group_ggufs(files) -> list[GGUF]:
         base = os.path.basename(f).lower()
         if not base.endswith(".gguf") or base.startswith("mmproj"):
             continue
-        split = SPLIT.match(f)
+        split = SPLIT_NAME.match(f)
         if split:
             splits.setdefault((split["stem"], int(split["parts"])), []).append(f)
         else:
