@@ -12,7 +12,7 @@ llama-server comes from the llama.cpp that the installed llama-cpp-python vendor
 flags into ~/.cache/edgespec/llama-bin/ on first use (about 5 minutes on 2 cores), or from --llama-bin DIR.
 
 usage: python benchmarks/vs_llama_cpp.py [--pair pair.json | --target T.gguf [--draft ngram|D.gguf]] [-t 0 -t 0.7]
-       [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
+       [--edgespec-draft ngram+D.gguf] [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (llama-server -ngl)")
+    ap.add_argument("--edgespec-draft", help="edgespec's draft, e.g. ngram+D.gguf (prompt lookup in front of the "
+                    "draft) [default: --draft, as llama-server gets it]")
     ap.add_argument("--server-draft-max", type=int, action="append", default=[],
                     help="also llama-server with the draft at this --spec-draft-n-max (repeatable)")
     ap.add_argument("--llama-bin", help="a folder with llama-server [default: built from the vendored llama.cpp]")
@@ -147,7 +149,8 @@ def main() -> None:
     prompts = [row for rows in by_cat.values() for row in rows]
 
     servers = {name: Server(binary, target, args.threads, args.ctx, extra) for name, extra in configs.items()}
-    engine = api.load(target, args.draft, threads=args.threads, n_ctx=args.ctx, gpu_layers=args.gpu_layers)
+    engine = api.load(target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
+                      gpu_layers=args.gpu_layers)
     totals = defaultdict(lambda: [0, 0.0])  # (temperature, system, category) -> [tokens, seconds]
     try:
         for temperature in args.temperature or [0.0, 0.7]:
@@ -177,7 +180,8 @@ def main() -> None:
         tps, base = n / seconds if seconds else 0.0, base_n / base_s if base_s else 0.0
         rows.append({"temperature": temperature, "system": name, "category": cat, "tokens": n,
                      "tok_s": round(tps, 2), "vs_llama_server": round(tps / base, 3) if base else None})
-    report = {"target": target, "draft": args.draft, "threads": args.threads, "max_tokens": args.max_tokens,
+    report = {"target": target, "draft": args.draft, "edgespec_draft": args.edgespec_draft or args.draft,
+              "threads": args.threads, "max_tokens": args.max_tokens,
               "prompts": len(prompts), "llama_server": str(binary), "results": rows}
     if args.json:
         print(json.dumps(report, indent=1))
