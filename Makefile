@@ -37,7 +37,7 @@ $(STAMP):
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# onnxruntime-gpu holds the same module with the CUDA provider: one of the two, the same version
 	@if [ "$(GPU)" = cuda ] && $(PY) -m pip show onnxruntime >/dev/null 2>&1; then \
-		v=$$($(PY) -c 'import importlib.metadata as m; print(m.version("onnxruntime"))'); \
+		v=$$($(PY) -m pip show onnxruntime | sed -n 's/^Version: //p'); \
 		$(PY) -m pip uninstall --quiet -y onnxruntime && $(PY) -m pip install --quiet "onnxruntime-gpu==$$v"; fi
 	@rm -f $(VENV)/.edgespec-installed-*
 	@touch $@
