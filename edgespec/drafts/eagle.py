@@ -255,18 +255,12 @@ class EagleDrafter(Drafter):
     def __init__(self, path: str | os.PathLike, target, embeddings: np.ndarray | None = None, *,
                  runner: str = "ggml", weight_type: str = "f16", n_threads: int | None = None):
         """embeddings: the target's token embeddings [V, E] (tied to its output layer); default: from its GGUF."""
-        from edgespec.drafts.heads import one_blas_thread, output_matrix
+        from edgespec.drafts.heads import check_heads_target, one_blas_thread, output_matrix
 
         if runner not in ("ggml", "numpy"):
             raise EdgespecError(f"unknown EAGLE runner {runner!r}: choose ggml or numpy")
         weights, self.subset, self.meta = load_eagle(path)
-        if not target.hidden:
-            raise EdgespecError("an EAGLE head reads the target's hidden states: open the target with hidden=True "
-                                "(edgespec.load does this for a heads draft)")
-        if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
-            raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
-                                f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
-                                f"{target.n_embd}")
+        check_heads_target(path, self.meta, target, "an EAGLE head reads")
         # [V, E]: f16 where the target's rows are quantized (half the memory; rows are read one at a time)
         self.embeddings = output_matrix(target.path, np.float16) if embeddings is None else embeddings
         output = np.ascontiguousarray(self.embeddings[self.subset], dtype=np.float32)  # [S, E]

@@ -61,6 +61,17 @@ def output_matrix(gguf_path: str | os.PathLike, quantized_as: type = np.float32)
     return out
 
 
+def check_heads_target(path, meta: dict, target, reader: str) -> None:
+    """Heads read the target's hidden states and were trained for one vocabulary and width: refuse a target that
+    returns no hidden states or is another model. reader: who reads them, for the message."""
+    if not target.hidden:
+        raise EdgespecError(f"{reader} the target's hidden states: open the target with hidden=True "
+                            "(edgespec.load does this for a heads draft)")
+    if meta.get("vocab_digest") != target.vocab.digest or meta.get("n_embd") != target.n_embd:
+        raise EdgespecError(f"{path} was trained for another target (vocabulary {meta.get('vocab_digest')}, "
+                            f"width {meta.get('n_embd')}); this one has {target.vocab.digest}, {target.n_embd}")
+
+
 def one_blas_thread() -> None:
     """Limit numpy's BLAS to one thread for the rest of the process. Heads draft with small numpy products
     that gain nothing from threads, and OpenBLAS's idle threads spin on the cores that llama.cpp's threads
@@ -122,13 +133,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, path: str | os.PathLike, target, output: np.ndarray | None = None):
         """output: the target's output layer [V, E]; default: read from the target's GGUF or ONNX export."""
         self.weight, self.bias, self.meta, self.subset = load_heads(path)
-        if not target.hidden:
-            raise EdgespecError("Medusa heads read the target's hidden states: open the target with hidden=True "
-                                "(edgespec.load does this for a heads draft)")
-        if self.meta.get("vocab_digest") != target.vocab.digest or self.meta.get("n_embd") != target.n_embd:
-            raise EdgespecError(f"{path} was trained for another target (vocabulary {self.meta.get('vocab_digest')}, "
-                                f"width {self.meta.get('n_embd')}); this one has {target.vocab.digest}, "
-                                f"{target.n_embd}")
+        check_heads_target(path, self.meta, target, "Medusa heads read")
         output = output_matrix(target.path) if output is None else output  # [V, E]
         self.n_vocab = output.shape[0]
         if self.subset is not None and self.subset[-1] >= self.n_vocab:
