@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.decode import rows
 from edgespec.decode.sampling import SamplingParams
 
 BLOCK = 1024  # ids per block of a draw: a cumsum over one block, not over the vocabulary
@@ -179,15 +180,12 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
     """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps). Masks are
     applied by multiplying: a random mask over 152k ids costs ten times more as an indexed write (branches)."""
     t = params.temperature
-    top = row.max()
+    top, low = rows.extent(row)
     if params.top_p < 1.0:
         kept = _peaked_nucleus(row, top, t, params.top_p)
         if kept is not None:
             ids, weights = kept
-            if params.min_p > 0.0:
-                ids, weights = ids[weights >= params.min_p], weights[weights >= params.min_p]
-            return Weights(ids, weights, float(weights.sum()))
-    low = row.min()
+            return _floored(Weights(ids, weights, float(weights.sum())), params.min_p)  # the largest weighs 1
     w = np.multiply(row, row.dtype.type(1.0 / t))  # [V]
     # the logit whose weight is 1: none where float32 holds exp(logit / t) for the largest logit, and shifting
     # would not save small weights from underflow (a shift by a positive largest logit only lowers them)
@@ -200,7 +198,7 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
         # such weights are denormals, tens of times slower in every operation that touches them: they become 0
         # (the reference gives them under 1e-38 of the mass), as -inf logits do. A few (a masked token) are
         # zeroed by index; many (a flat row at a low temperature) by clamping and a mask
-        deep = np.flatnonzero(row < floor)
+        deep = rows.below(row, floor)
         if len(deep) <= SMALL:
             np.exp(w, out=w)
             w[deep] = 0
@@ -210,18 +208,27 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
             w *= row >= floor
     else:
         np.exp(w, out=w)
+    largest = float(np.exp((top - shift) / t))  # the largest logit's weight
     if params.top_p < 1.0:
-        kept = _nucleus(row, w, shift, t, params.top_p, float(block_sums(w).sum()))
-        if kept is not None:
-            ids, weights = kept
-            if params.min_p > 0.0:
-                keep = weights >= params.min_p * np.exp((top - shift) / t)
-                ids, weights = ids[keep], weights[keep]
-            return Weights(ids, weights, float(weights.sum()))
-    if params.min_p > 0.0:  # p >= min_p * p_max, in weights
-        w *= w >= w.dtype.type(params.min_p * np.exp((top - shift) / t))
-    sums = block_sums(w)
+        return _floored(_nucleus(row, w, shift, t, params.top_p), params.min_p * largest)
+    return _floored(_whole(w), params.min_p * largest)
+
+
+def _whole(w: np.ndarray, sums: np.ndarray | None = None) -> Weights:
+    """A law over the whole vocabulary from its weights w [V] (sums: w's block sums where known)."""
+    sums = block_sums(w) if sums is None else sums
     return Weights(None, w, float(sums.sum()), sums)
+
+
+def _floored(law: Weights, bound: float) -> Weights:
+    """min-p after the other filters: the weights below bound (min_p times the largest's weight) removed."""
+    if bound <= 0.0:
+        return law
+    if law.ids is not None:
+        keep = law.w >= bound
+        return Weights(law.ids[keep], law.w[keep], float(law.w[keep].sum()))
+    law.w *= law.w >= law.w.dtype.type(bound)
+    return _whole(law.w)
 
 
 def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
@@ -254,11 +261,10 @@ def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
     return head[kept], np.exp((values[kept] - top) / temperature)
 
 
-def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
-             top_p: float, total: float) -> tuple[np.ndarray, np.ndarray] | None:
+def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float, top_p: float) -> Weights:
     """Top-p: keep the smallest prefix of the ids ordered by logit (largest first, ties by id) whose weight
-    reaches mass = top_p * total (w = exp((row - shift) / temperature), total its sum). Returns (ascending ids,
-    their weights) where the prefix is short; otherwise zeroes the rest of w [V] in place and returns None.
+    reaches mass = top_p * total (w = exp((row - shift) / temperature), total its sum). The law over the prefix:
+    its ids and weights where it is short; otherwise w [V] with the rest zeroed in place.
 
     A sorted strided sample of the row estimates where the prefix ends. Where the logits at or above the
     sample's HEAD-th largest carry `mass`, the cut is among them (a peaked row, the common case of a trained
@@ -266,15 +272,17 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
     exact probes (the weight above a sampled logit, one pass over the row each) bracket the cut, and only the
     logits inside the bracket are sorted. Every bracket is checked against the exact weights; the last resort is
     the whole row."""
-    mass = top_p * total
     stride = max(1, len(row) // SAMPLE)
     sampled = np.sort(row[::stride])[::-1]  # [n], largest first
     n = len(sampled)
     h = min(HEAD, n - 1)
     sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
     walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
-    if walked[h + 1] < top_p * walked[-1] / 2 and _banded(row, w, sampled, walked, mass, total, shift, temperature):
-        return None  # the sample put the cut deep, and one band around its estimate held it
+    if walked[h + 1] < top_p * walked[-1] / 2:  # the sample puts the cut deep
+        sums = _banded(row, w, sampled, walked, top_p, shift, temperature)
+        if sums is not None:  # one band around the sample's estimate held it
+            return _whole(w, sums)
+    mass = top_p * float(block_sums(w).sum())
     head = np.flatnonzero(row >= sampled[h])
     if len(head) <= SMALL:
         head_w = w[head]
@@ -282,7 +290,7 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
             order = np.argsort(-row[head], kind="stable")  # head ascends: ties stay in id order
             cumulative = np.cumsum(head_w[order], dtype=np.float64)
             kept = np.sort(order[:int(np.searchsorted(cumulative, mass, side="left")) + 1])
-            return head[kept], head_w[kept]
+            return Weights(head[kept], head_w[kept], float(head_w[kept].sum()))
 
     def above(j: int) -> float:  # exact weight strictly above sampled[j]
         return float((w * (row > sampled[j])).sum())  # pairwise in w's type: the cut needs its precision
@@ -324,43 +332,38 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float,
     if cut_at + 1 < len(values) and values[cut_at + 1] == cut:  # ties at the cut: keep the lowest ids
         keep = cut_at + 1 - int(np.searchsorted(-values, -cut, side="left"))
         w[np.flatnonzero(row == cut)[keep:]] = 0
-    return None
+    return _whole(w)
 
 
-def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndarray, mass: float, total: float,
-            shift: float, temperature: float) -> bool:
+def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndarray, top_p: float,
+            shift: float, temperature: float) -> np.ndarray | None:
     """Top-p's cut deep in the row (a flat row keeps most of its vocabulary), bracketed once from the sample: the
-    sample's walk says at which of its ranks `mass` (of `total`) is reached, BAND_SIGMAS sampling noises either side
-    of it bound a band of logits, the exact weight above the band says whether the cut lies in it, and only the
-    band's logits are sorted. Zeroes w [V] outside the kept prefix and returns True; False (w untouched) where the
-    cut is not in the band or the band is wide."""
+    sample's walk says at which of its ranks top_p of the weight is reached, BAND_SIGMAS sampling noises either
+    side of it bound a band of logits, the exact weight above the band says whether the cut lies in it, and only
+    the band's logits (narrowed by rows.band) are sorted. Zeroes w [V] outside the kept prefix and returns its
+    block sums; None (w untouched) where the cut is not in the band or the band is wide."""
     n = len(sampled)
-    rank = int(np.searchsorted(walked, mass / total * walked[-1], side="left")) - 1  # the sample's cut, estimated
+    rank = int(np.searchsorted(walked, top_p * walked[-1], side="left")) - 1  # the sample's cut, estimated
     p = min(max(rank / n, 1.0 / n), 1.0 - 1.0 / n)
     margin = int(BAND_SIGMAS * np.sqrt(n * p * (1 - p))) + 2
     if rank - margin < 0:  # the cut is near the top: the head and the probes find it
-        return False
+        return None
     hi = sampled[rank - margin]
-    kept_above = np.multiply(w, row > hi)  # [V]
-    above = float(block_sums(kept_above).sum())
-    if above >= mass:
-        return False
-    inside = row <= hi
-    if rank + margin < n:
-        inside &= row >= sampled[rank + margin]
-    band = np.flatnonzero(inside)  # [m], ascending
-    if len(band) > 4 * BAND:
-        return False
-    band_values, band_w = row[band], w[band]  # [m]
+    lo = sampled[rank + margin] if rank + margin < n else -np.inf
+    above, total, band = rows.band(row, w, lo, hi, top_p)  # [m] ascending ids; every larger logit's weight above
+    mass = top_p * total
+    if above >= mass or len(band) > 4 * BAND:
+        return None
+    band_values = row[band]  # [m]
     values = np.sort(band_values)[::-1]  # [m], largest first
     cumulative = above + np.cumsum(np.exp((values.astype(np.float64) - shift) / temperature))
     if cumulative[-1] < mass:
-        return False
+        return None
     cut_at = int(np.searchsorted(cumulative, mass, side="left"))
     cut = values[cut_at]
-    keep = np.flatnonzero(band_values > cut)
-    ties = cut_at + 1 - len(keep)  # logits equal to the cut's that the prefix takes: the lowest ids, as the reference
-    keep = np.concatenate([keep, np.flatnonzero(band_values == cut)[:ties]])
-    np.copyto(w, kept_above)
-    w[band[keep]] = band_w[keep]
-    return True
+    sums = rows.keep_from(row, w, cut, BLOCK)
+    if cut_at + 1 < len(values) and values[cut_at + 1] == cut:  # ties at the cut: the prefix takes the lowest ids
+        ties = band[band_values == cut]
+        w[ties[cut_at + 1 - int(np.searchsorted(-values, -cut, side="left")):]] = 0
+        sums = block_sums(w)
+    return sums
