@@ -3,4 +3,5 @@ compiler is found the build goes on and numpy makes the same passes. Everything 
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("edgespec.decode._rows", ["edgespec/decode/_rows.c"], optional=True)])
+setup(ext_modules=[Extension("edgespec.decode._rows", ["edgespec/decode/_rows.c", "edgespec/decode/_weights.c"],
+                                 optional=True)])

@@ -23,14 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.decode import rows
+from edgespec.decode.rows import BLOCK, UNDERFLOW, block_sums
 from edgespec.decode.sampling import SamplingParams
 
-BLOCK = 1024  # ids per block of a draw: a cumsum over one block, not over the vocabulary
 SMALL = 4096  # supports up to this many ids are drawn from with one cumsum
 SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the row)
 BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
 BAND_SIGMAS = 5.0  # a flat row's band around top-p's cut estimated from the sample: this many sampling noises
-UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
 OVERFLOW = 88.0  # exp of more is above float32's largest
 DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
 HEAD = 16  # top-p then tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
@@ -95,15 +94,6 @@ class Weights:
                 self.sums = block_sums(w)
             j = _inverse_cdf(w, self.sums, u)
         return j if self.ids is None else int(self.ids[j])
-
-
-def block_sums(w: np.ndarray) -> np.ndarray:
-    """Sums of w [n] per BLOCK ids [ceil(n / BLOCK)], float64 (each block summed pairwise in w's type)."""
-    full = len(w) // BLOCK * BLOCK
-    # einsum's own summing loop: a third of the time of sum(axis=1) on this shape, as precise (and no BLAS
-    # threads, which would contend with llama.cpp's)
-    sums = np.einsum("ij->i", w[:full].reshape(-1, BLOCK)).astype(np.float64)
-    return np.append(sums, float(w[full:].sum())) if full < len(w) else sums
 
 
 def _inverse_cdf(w: np.ndarray, sums: np.ndarray, u: float) -> int:
@@ -186,32 +176,18 @@ def _full(row: np.ndarray, params: SamplingParams) -> Weights:
         if kept is not None:
             ids, weights = kept
             return _floored(Weights(ids, weights, float(weights.sum())), params.min_p)  # the largest weighs 1
-    w = np.multiply(row, row.dtype.type(1.0 / t))  # [V]
     # the logit whose weight is 1: none where float32 holds exp(logit / t) for the largest logit, and shifting
     # would not save small weights from underflow (a shift by a positive largest logit only lowers them)
     shift = 0.0
     if row.dtype != np.float32 or top / t > OVERFLOW or (top < 0 and low / t < UNDERFLOW):
         shift = top
-        w -= w.dtype.type(top / t)
-    floor = shift + UNDERFLOW * t  # logits below weigh less than float32's smallest normal number
-    if row.dtype == np.float32 and low < floor:
-        # such weights are denormals, tens of times slower in every operation that touches them: they become 0
-        # (the reference gives them under 1e-38 of the mass), as -inf logits do. A few (a masked token) are
-        # zeroed by index; many (a flat row at a low temperature) by clamping and a mask
-        deep = rows.below(row, floor)
-        if len(deep) <= SMALL:
-            np.exp(w, out=w)
-            w[deep] = 0
-        else:
-            np.maximum(w, UNDERFLOW, out=w)
-            np.exp(w, out=w)
-            w *= row >= floor
-    else:
-        np.exp(w, out=w)
+    floor = shift + UNDERFLOW * t  # float32 logits below weigh less than float32's smallest normal number: 0
+    floor = floor if row.dtype == np.float32 and low < floor else None
     largest = float(np.exp((top - shift) / t))  # the largest logit's weight
     if params.top_p < 1.0:
-        return _floored(_nucleus(row, w, shift, t, params.top_p), params.min_p * largest)
-    return _floored(_whole(w), params.min_p * largest)
+        return _floored(_nucleus(row, shift, t, params.top_p, floor), params.min_p * largest)
+    w, sums = rows.weights(row, t, shift, floor)
+    return _floored(_whole(w, sums), params.min_p * largest)
 
 
 def _whole(w: np.ndarray, sums: np.ndarray | None = None) -> Weights:
@@ -261,10 +237,11 @@ def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
     return head[kept], np.exp((values[kept] - top) / temperature)
 
 
-def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float, top_p: float) -> Weights:
+def _nucleus(row: np.ndarray, shift: float, temperature: float, top_p: float, floor: float | None) -> Weights:
     """Top-p: keep the smallest prefix of the ids ordered by logit (largest first, ties by id) whose weight
-    reaches mass = top_p * total (w = exp((row - shift) / temperature), total its sum). The law over the prefix:
-    its ids and weights where it is short; otherwise w [V] with the rest zeroed in place.
+    reaches mass = top_p * total (weights exp((row - shift) / temperature) as rows.weights makes them with floor,
+    total their sum). The law over the prefix: its ids and weights where it is short; otherwise the weights over
+    the vocabulary [V] with the rest zeroed.
 
     A sorted strided sample of the row estimates where the prefix ends. Where the logits at or above the
     sample's HEAD-th largest carry `mass`, the cut is among them (a peaked row, the common case of a trained
@@ -279,10 +256,11 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float, t
     sampled_w = np.exp((sampled.astype(np.float64) - shift) / temperature)  # [n]
     walked = np.concatenate(([0.0], np.cumsum(sampled_w)))  # [n + 1]: the sample's weight above rank j
     if walked[h + 1] < top_p * walked[-1] / 2:  # the sample puts the cut deep
-        sums = _banded(row, w, sampled, walked, top_p, shift, temperature)
-        if sums is not None:  # one band around the sample's estimate held it
-            return _whole(w, sums)
-    mass = top_p * float(block_sums(w).sum())
+        law = _banded(row, sampled, walked, top_p, shift, temperature, floor)
+        if law is not None:  # one band around the sample's estimate held it
+            return law
+    w, sums = rows.weights(row, temperature, shift, floor)
+    mass = top_p * float(sums.sum())
     head = np.flatnonzero(row >= sampled[h])
     if len(head) <= SMALL:
         head_w = w[head]
@@ -335,13 +313,12 @@ def _nucleus(row: np.ndarray, w: np.ndarray, shift: float, temperature: float, t
     return _whole(w)
 
 
-def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndarray, top_p: float,
-            shift: float, temperature: float) -> np.ndarray | None:
+def _banded(row: np.ndarray, sampled: np.ndarray, walked: np.ndarray, top_p: float, shift: float,
+            temperature: float, floor: float | None) -> Weights | None:
     """Top-p's cut deep in the row (a flat row keeps most of its vocabulary), bracketed once from the sample: the
     sample's walk says at which of its ranks top_p of the weight is reached, BAND_SIGMAS sampling noises either
-    side of it bound a band of logits, the exact weight above the band says whether the cut lies in it, and only
-    the band's logits (narrowed by rows.band) are sorted. Zeroes w [V] outside the kept prefix and returns its
-    block sums; None (w untouched) where the cut is not in the band or the band is wide."""
+    side of it bound a band of logits, rows.band weighs the row and the band, and only the band's logits are
+    sorted. The law over the kept prefix; None where the cut is not in the band or the band is wide."""
     n = len(sampled)
     rank = int(np.searchsorted(walked, top_p * walked[-1], side="left")) - 1  # the sample's cut, estimated
     p = min(max(rank / n, 1.0 / n), 1.0 - 1.0 / n)
@@ -350,8 +327,8 @@ def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndar
         return None
     hi = sampled[rank - margin]
     lo = sampled[rank + margin] if rank + margin < n else -np.inf
-    above, total, band = rows.band(row, w, lo, hi, top_p)  # [m] ascending ids; every larger logit's weight above
-    mass = top_p * total
+    w, sums, total, band = rows.band(row, temperature, shift, floor, lo, hi, top_p)  # band: [m] ascending ids
+    mass, above = top_p * total, float(sums.sum())  # above: the weight of every logit above the band's
     if above >= mass or len(band) > 4 * BAND:
         return None
     band_values = row[band]  # [m]
@@ -361,9 +338,9 @@ def _banded(row: np.ndarray, w: np.ndarray, sampled: np.ndarray, walked: np.ndar
         return None
     cut_at = int(np.searchsorted(cumulative, mass, side="left"))
     cut = values[cut_at]
-    sums = rows.keep_from(row, w, cut, BLOCK)
-    if cut_at + 1 < len(values) and values[cut_at + 1] == cut:  # ties at the cut: the prefix takes the lowest ids
-        ties = band[band_values == cut]
-        w[ties[cut_at + 1 - int(np.searchsorted(-values, -cut, side="left")):]] = 0
-        sums = block_sums(w)
-    return sums
+    keep = band_values > cut  # [m], and the logits equal to the cut's that the prefix takes: the lowest ids
+    keep[np.flatnonzero(band_values == cut)[:cut_at + 1 - int(np.count_nonzero(keep))]] = True
+    w[band[~keep]] = 0
+    kept = band[keep]
+    sums += np.bincount(kept // BLOCK, weights=w[kept], minlength=len(sums))
+    return _whole(w, sums)

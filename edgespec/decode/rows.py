@@ -1,11 +1,17 @@
-"""Passes over one float32 row of logits [V] that the fast rule makes on a 152k vocabulary: its extent, the ids
-below a logit, top-p's band (the weight above it and its ids, in one pass) and the weights below a cut zeroed
-with their block sums (another).
+"""Passes over one row of logits [V] that the fast rule makes at t > 0: its extent, the ids below a logit, its
+weights and their block sums, and top-p's band.
 
-numpy makes each of these as several passes (a mask, a cast, a multiply, a nonzero over 152k flags), each
-reading the row again; the C module _rows (built with the package where a compiler is present) makes each as
-one. Both give the same results (sums to float rounding); the numpy ones run where _rows was not built, or for
-rows that are not float32 (tests/test_rows.py compares them). Rows hold no NaN.
+On a 152k vocabulary each pass over the row costs tens of microseconds in memory traffic alone, and numpy makes
+each step as one or more passes (a multiply, an exp, a mask, a cast, block sums, a nonzero over 152k flags). The C
+module _rows (built with the package where a compiler is present) makes them as one: on x86-64 with AVX2 and FMA
+(`wide`), the weights, their block sums and top-p's band in a single pass. Both give the same results to float
+rounding (exp within 2 ulp); the numpy passes run where _rows was not built, or for rows that are not
+contiguous float32 (tests/test_rows.py compares them). Rows hold no NaN.
+
+Top-p's band, whichever pass makes it (`band`): for a band of logits [lo, hi] that should hold the cut, w is
+zeroed below lo (never kept if the cut lies in the band), `sums` [ceil(V / BLOCK)] holds each block's weight above
+it (always kept), and `ids` the band's ids, narrowed by the C passes to the ranges of values where the weight from
+the top reaches top_p of the total. The caller finds the cut among them in exact weights.
 """
 
 from __future__ import annotations
@@ -17,10 +23,19 @@ try:
 except ImportError:  # built without a C compiler: the numpy passes below
     _rows = None
 
+BLOCK = 1024  # ids per block sum: a draw's cumsum runs over the block sums, then over one block
+UNDERFLOW = -87.0  # exp of less is below float32's smallest normal number
+FEW = 4096  # logits below the floor zeroed by index up to this many, by a mask beyond
+
 
 def fused(*arrays: np.ndarray) -> bool:
     """Whether the C passes take these arrays: float32 and contiguous."""
     return _rows is not None and all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def wide(row: np.ndarray) -> bool:
+    """Whether the single-pass weights run for this row (fused, on a CPU with AVX2 and FMA)."""
+    return fused(row) and bool(_rows.WIDE)
 
 
 def extent(row: np.ndarray) -> tuple[float, float]:
@@ -43,28 +58,70 @@ def below(row: np.ndarray, bound: float) -> np.ndarray:
     return ids[:_rows.between(row, -np.inf, at_most, ids)]
 
 
-def band(row: np.ndarray, w: np.ndarray, lo: float, hi: float, top_p: float) -> tuple[float, float, np.ndarray]:
-    """(above, total, ids) for row, w [V]: total, the sum of w; ids [m], ascending, of logits in [lo, hi]; above,
-    the weight of the logits larger than every one of them. The C pass narrows the band to the few sixty-fourths
-    of [lo, hi] around where the weight from the top reaches top_p * total (where the band reaches it): the cut
-    must still be found in exact weights."""
+def block_sums(w: np.ndarray) -> np.ndarray:
+    """Sums of w [n] per BLOCK ids [ceil(n / BLOCK)], float64 (each block summed pairwise in w's type)."""
+    full = len(w) // BLOCK * BLOCK
+    # einsum's own summing loop: a third of the time of sum(axis=1) on this shape, as precise (and no BLAS
+    # threads, which would contend with llama.cpp's)
+    sums = np.einsum("ij->i", w[:full].reshape(-1, BLOCK)).astype(np.float64)
+    return np.append(sums, float(w[full:].sum())) if full < len(w) else sums
+
+
+def _blocks(n: int) -> np.ndarray:
+    return np.empty(-(-n // BLOCK))
+
+
+def _scaled(temperature: float, shift: float) -> tuple[np.float32, np.float32]:
+    """(scale, offset) of the C passes: the weight is exp(logit * scale - offset), in float32 as numpy's."""
+    return np.float32(1.0 / temperature), np.float32(shift / temperature)
+
+
+def weights(row: np.ndarray, temperature: float, shift: float, floor: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(w, sums): w [V] = exp((row - shift) / temperature) in row's float type, 0 where row < floor (None: no
+    floor), and its block sums. Weights of logits below floor would be float32 denormals, tens of times slower in
+    every operation that touches them (the reference gives them under 1e-38 of the mass), as -inf logits are."""
+    if wide(row):
+        w, sums = np.empty_like(row), _blocks(len(row))
+        scale, offset = _scaled(temperature, shift)
+        _rows.weights(row, w, scale, offset, -np.inf if floor is None else floor, -np.inf, -np.inf, 1.0, sums,
+                      BLOCK, None)
+        return w, sums
+    w = np.multiply(row, row.dtype.type(1.0 / temperature))  # [V]
+    if shift:
+        w -= w.dtype.type(shift / temperature)
+    if floor is None:
+        np.exp(w, out=w)
+        return w, block_sums(w)
+    # a few such logits (a masked token) are zeroed by index; many (a flat row at a low temperature) by clamping
+    # and a mask
+    deep = below(row, floor)
+    if len(deep) <= FEW:
+        np.exp(w, out=w)
+        w[deep] = 0
+    else:
+        np.maximum(w, UNDERFLOW, out=w)
+        np.exp(w, out=w)
+        w *= row >= floor
+    return w, block_sums(w)
+
+
+def band(row: np.ndarray, temperature: float, shift: float, floor: float | None, lo: float, hi: float,
+         top_p: float) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """(w, sums, total, ids): the row's weights as `weights` makes them, their total, and top-p's band over
+    [lo, hi] (the module's docstring says what w, sums and ids then hold)."""
+    sums = _blocks(len(row))
+    if wide(row):
+        w, ids = np.empty_like(row), np.empty(len(row) + 8, dtype=np.int64)  # ids: touched as far as the band
+        scale, offset = _scaled(temperature, shift)
+        total, m = _rows.weights(row, w, scale, offset, -np.inf if floor is None else floor, lo, hi, top_p, sums,
+                                 BLOCK, ids)
+        return w, sums, total, ids[:m]
+    w, _ = weights(row, temperature, shift, floor)
     if fused(row, w):
         ids = np.empty(len(row), dtype=np.int64)
-        above, total, m = _rows.band(row, w, lo, hi, top_p, ids)
-        return above, total, ids[:m]
-    above = float(np.multiply(w, row > hi).sum(dtype=np.float64))
-    return above, float(w.sum(dtype=np.float64)), np.flatnonzero((row >= lo) & (row <= hi))
-
-
-def keep_from(row: np.ndarray, w: np.ndarray, cut: float, block: int) -> np.ndarray:
-    """Zero w [V] where row [V] < cut, in place; returns the kept weight per `block` ids [ceil(V / block)]."""
-    sums = np.empty(-(-len(row) // block))
-    if fused(row, w):
-        _rows.keep_from(row, w, cut, sums, block)
-        return sums
-    w *= row >= cut
-    full = len(w) // block * block
-    sums[:full // block] = w[:full].reshape(-1, block).sum(axis=1, dtype=np.float64)
-    if full < len(w):
-        sums[-1] = w[full:].sum(dtype=np.float64)
-    return sums
+        total, m = _rows.band(row, w, lo, hi, top_p, sums, BLOCK, ids)
+        return w, sums, total, ids[:m]
+    total = float(w.sum(dtype=np.float64))
+    sums[:] = block_sums(w * (row > hi))
+    w *= row >= lo
+    return w, sums, total, np.flatnonzero((row >= lo) & (row <= hi))
