@@ -85,7 +85,9 @@ class Engine:
                  draft_backend: Backend | None = None, plan=None, tree_width: int = 1, gate: bool = True,
                  draft_choice: dict | None = None):
         self.target, self.drafter, self.controller = target, drafter, controller
-        self.draft_choice = draft_choice  # {"draft", "reason"}: the draft asked for, or what "auto" chose and why
+        # {"draft", "reason", "auto"}: the draft asked for, or what "auto" chose and why
+        self.draft_choice = draft_choice or {"draft": drafter.name if drafter else "none", "reason": "asked for",
+                                             "auto": False}
         self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
         self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (cost.DraftGate)
         self.draft_backend = draft_backend
@@ -272,10 +274,10 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
 
         target = default_target()
     if draft == AUTO_DRAFT:
-        choice = choose_draft(target)
-        draft = choice.get("path", choice["draft"])
+        choice = {**choose_draft(target), "auto": True}
+        draft = choice.pop("path", choice["draft"])
     else:
-        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for"}
+        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
     target = resolve_model(target)
     draft = parse_draft(draft).resolved()
     if n_ctx is not None and n_ctx < 16:

@@ -316,7 +316,7 @@ def test_generate_reports_the_auto_choice_and_the_fallback(populated, ggufs):
     assert data["draft_choice"] == fallback and data["placement"]["draft"] is None
     engine = load(OTHER, "none", n_ctx=64)
     try:
-        assert engine.draft_choice == {"draft": "none", "reason": "asked for"}
+        assert engine.draft_choice == {"draft": "none", "reason": "asked for", "auto": False}
     finally:
         engine.close()
 

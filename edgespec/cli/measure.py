@@ -10,6 +10,7 @@ import click
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
 from edgespec.cli.models import draft_choice, print_choice
 from edgespec.cli.options import model_options, plan_options, read_schema, status
+from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
 
@@ -60,7 +61,7 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
                 if not runs_as_alone(engine):
                     alone = alone or load_engine("none")
                     baseline = alone
-                choice = draft_choice(engine, other)
+                choice = draft_choice(engine)
                 if not as_json:
                     print_choice(choice)
                 reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,
@@ -212,7 +213,8 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
     options = load_engine.options
     # a shipped draft's name or a hub name: its file, which advise reads
     also = [str(parse_draft(other).resolved()) for other in also]
-    names = [str(parse_draft(options["draft"]).resolved()), *also]
+    draft = auto_draft(options["target"]) if options["draft"] == AUTO_DRAFT else options["draft"]
+    names = [str(parse_draft(draft).resolved()), *also]
     if "none" in names:
         raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
     if len(set(names)) < len(names):

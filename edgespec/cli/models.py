@@ -7,7 +7,6 @@ import json
 import click
 
 from edgespec.api import Engine
-from edgespec.drafts.auto import AUTO_DRAFT, choose_draft
 
 
 @click.command()
@@ -94,15 +93,9 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def draft_choice(engine: Engine, asked=None) -> dict:
-    """The draft an engine runs and why ({"draft", "reason"}). The shared options turn --draft auto into a draft
-    before loading (cli/options.py), so the engine has it as asked for; auto's reason is its choice for the target
-    again (made once per process for a hub target: no second search or download). asked: a draft the command asked
-    for besides --draft (bench --also)."""
-    params = click.get_current_context().params
-    if asked is None and params.get("draft") == AUTO_DRAFT and not params.get("pair"):
-        return {**choose_draft(params.get("target")), "auto": True}
-    return {**(engine.draft_choice or {}), "auto": False}
+def draft_choice(engine: Engine) -> dict:
+    """The draft an engine runs and why: {"draft", "reason", "auto"} (auto: whether --draft auto chose it)."""
+    return dict(engine.draft_choice)
 
 
 def print_choice(choice: dict) -> None:

@@ -8,7 +8,6 @@ import json
 import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
-from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
 
@@ -68,8 +67,6 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        if draft == AUTO_DRAFT:  # what it stands for with this target, for commands that read the draft's name
-            draft = auto_draft(target) if target else "ngram"  # the default model is a GGUF
         def load_engine(other_draft=None, **extra):
             other = parse_draft(other_draft) if other_draft is not None else None
             chains = other is not None and (other.heads is None or other.lookup_first)
@@ -78,7 +75,8 @@ def model_options(f):
                         device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,
                         gpu_layers=gpu_layers, **extra)
 
-        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
+        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile); "auto"
+        # is resolved by load (which records what it chose and why) or, for advise, by auto_draft
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
                                "threads": threads, "provider": provider}
         return f(*args, load_engine=load_engine, **kwargs)
