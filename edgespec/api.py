@@ -22,7 +22,7 @@ from edgespec.backends.model_info import read_model_info
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
 from edgespec.backends.open import open_model
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend
-from edgespec.decode.cost import PRIOR_WEIGHT, DraftController, agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
 from edgespec.decode.loop import Event, Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.text import render_chat
@@ -333,7 +333,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
                                      width=tree_width)
     if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
         a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
-        controller.accepted, controller.rejected = PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1 - a)
+        controller.set_prior(a)
         controller.read_cost = measure_read_cost(draft_backend)  # what catching up on skipped text costs it
     return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate,
                   draft_choice=choice)

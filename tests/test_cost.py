@@ -113,6 +113,25 @@ def test_drafting_resumes_after_idle_rounds_only_where_it_repays_reading_them():
     assert c.choose() == k
 
 
+def test_a_draft_declined_on_one_hard_text_is_tried_again_on_the_next():
+    """A draft model on a CPU is never probed once declined, so a hard first answer would otherwise bench it for
+    good: each new text returns the estimate half way to the prior measured at load, where drafting pays."""
+    c = DraftController(costs(0.1), 0.01, k_max=8, read_cost=0.05)  # reading a skipped token: 5 % of a step
+    c.set_prior(0.8)
+    assert c.begin(10) and c.best_k() > 0
+    for _ in range(40):  # the first answer keeps nothing
+        c.observe(2, 0, 0.02, c.target_costs[3])
+    assert c.best_k() == 0 and [c.choose() for _ in range(2000)] == [0] * 2000
+    before = (c.accepted, c.rejected)
+    assert c.begin(10) and c.best_k() > 0 and c.choose() > 0  # the next answer drafts from the start
+    # half of the earlier evidence kept: a draft that keeps failing is declined again within a few rounds
+    assert (c.accepted, c.rejected) == pytest.approx(((before[0] + 6.4) / 2, (before[1] + 1.6) / 2))
+    unprimed = controller_with(0.0, 0.1, draft_cost=0.01)  # no prior measured (prompt lookup): nothing to return to
+    alpha = unprimed.alpha
+    unprimed.begin(10)
+    assert unprimed.alpha == alpha and unprimed.best_k() == 0
+
+
 def test_a_prompt_is_read_at_prefill_only_where_drafting_would_repay_it():
     c = controller_with(0.75, 0.1, draft_cost=0.01)
     k = c.best_k()

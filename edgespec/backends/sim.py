@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
-from edgespec.decode.cost import PRIOR_WEIGHT, DraftController, measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController, measure_pass_costs, measure_read_cost
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings
@@ -239,7 +239,7 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
         controller.draft_cost = measure_pass_costs(draft_backend, 1, clock=clock)[1]
         controller.read_cost = measure_read_cost(draft_backend, clock=clock)
         prior = alpha if prior is None else prior
-        controller.accepted, controller.rejected = PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior)
+        controller.set_prior(prior)
 
     outcome = Outcome()
     for answer in range(answers):

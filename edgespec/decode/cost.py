@@ -31,6 +31,7 @@ from edgespec.backends.protocol import MAX_OUTPUTS, Backend, forward_rows
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
 PRIOR_WEIGHT = 8.0  # pseudo-rounds behind a prior acceptance measured at load
+NEW_TEXT_KEEP = 0.5  # at a new text, earlier texts' acceptance evidence keeps this weight, the prior the rest
 PROBE_EVERY = 32  # rounds at k = 0 before one k = 1 round re-tests acceptance
 PROBE_MAX = 256  # ... doubling after every probe that does not bring drafting back, up to this
 PROBE_READ_MAX = 0.01  # no probe where a draft reads a token it missed in more than this share of a target step
@@ -109,6 +110,7 @@ class DraftController:
     read_cost: float = 0.0  # seconds a draft takes per token it missed, reading them before it drafts again
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
+    prior: tuple[float, float] | None = None  # (accepted, rejected) pseudo-counts measured at load (set_prior)
     # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
     bin_accepted: list[float] = field(default_factory=lambda: [
         BIN_PRIOR * (i + 0.5) / CONFIDENCE_BINS for i in range(CONFIDENCE_BINS)])
@@ -202,10 +204,24 @@ class DraftController:
         """Would the next round draft (no probe counted)?"""
         return self.best_k() > 0
 
+    def set_prior(self, agreement: float) -> None:
+        """Start from the acceptance measured at load (a draft model's agreement with the target), worth
+        PRIOR_WEIGHT rounds; every new text returns the estimate part way to it (begin)."""
+        self.prior = (PRIOR_WEIGHT * agreement, PRIOR_WEIGHT * (1 - agreement))
+        self.accepted, self.rejected = self.prior
+
     def begin(self, prompt_tokens: int) -> bool:
         """A new text, whose prompt the draft has not read: should it read it now, at prefill? Only where the next
         round would draft and repay the reading within REPAY_ROUNDS; otherwise the prompt counts as unread, and is
-        read (drafts.catch_up) before the first round that drafts, if one comes."""
+        read (drafts.catch_up) before the first round that drafts, if one comes.
+
+        Acceptance differs from text to text, so a new one first takes the estimate half way back to the prior
+        measured at load (where there is one): a draft model declined after one hard answer is never probed on a
+        CPU (see choose), and would otherwise sit out every later text however well it would do there."""
+        if self.prior is not None:
+            self.accepted = NEW_TEXT_KEEP * self.accepted + (1 - NEW_TEXT_KEEP) * self.prior[0]
+            self.rejected = NEW_TEXT_KEEP * self.rejected + (1 - NEW_TEXT_KEEP) * self.prior[1]
+            self._idle_rounds, self._probe_every, self._last_kept = 0, PROBE_EVERY, True
         k = self.best_k()
         read = k > 0 and self.read_cost * prompt_tokens <= REPAY_ROUNDS * self.saving(k)
         self._unread = 0 if read else prompt_tokens
