@@ -132,6 +132,20 @@ def test_a_draft_declined_on_one_hard_text_is_tried_again_on_the_next():
     assert unprimed.alpha == alpha and unprimed.best_k() == 0
 
 
+def test_a_gated_round_prices_a_draft_step_not_a_kept_token():
+    """A gate that ends a chain has paid for the step whose token it did not keep, and prices that step itself
+    (DraftGate.keep): the controller's draft cost stays a step's, or a hard text's short chains would read as a
+    slower draft and count the unkept step twice."""
+    per_step, per_token = DraftController(costs(0.1), 0.01, k_max=8), DraftController(costs(0.1), 0.01, k_max=8)
+    for _ in range(60):  # each round: two steps of 0.01, one token kept
+        per_step.observe(1, 1, 0.02, per_step.target_costs[2], draft_steps=2)
+        per_token.observe(1, 1, 0.02, per_token.target_costs[2])
+    assert per_step.draft_cost == pytest.approx(0.01) and per_token.draft_cost == pytest.approx(0.02)
+    gate = per_step.gate()
+    judged = [gate.keep(0.95), gate.keep(0.05)]  # a sure token kept, an unsure one not
+    assert judged == [True, False] and gate.steps == 2 and len(gate.confidences) == 1
+
+
 def test_a_prompt_is_read_at_prefill_only_where_drafting_would_repay_it():
     c = controller_with(0.75, 0.1, draft_cost=0.01)
     k = c.best_k()

@@ -262,14 +262,17 @@ class DraftController:
         self._idle_rounds = 0
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
-                pass_tokens: int | None = None) -> None:
+                pass_tokens: int | None = None, draft_steps: int | None = None) -> None:
         """Record one round: n_drafted tokens proposed (a tree: its depth), n_accepted kept, and what each side
-        cost; pass_tokens: tokens in the verify pass (default n_drafted + 1, a chain's)."""
+        cost; pass_tokens: tokens in the verify pass (default n_drafted + 1, a chain's); draft_steps: the draft's
+        steps (default n_drafted; under a gate, also the step whose token it did not keep). draft_cost stays a
+        step's cost: the gate counts its unkept step itself, and a cost per kept token would count it twice and
+        read a hard text's short chains as a slower draft."""
         n = pass_tokens if pass_tokens is not None else n_drafted + 1
         old = self.target_costs.get(n, target_s)
         self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n_drafted:
-            self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / n_drafted
+            self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / (draft_steps or n_drafted)
             self.accepted = DECAY * self.accepted + n_accepted
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
             for i in range(min(n_accepted + 1, n_drafted)):  # the kept ones and the first rejected
@@ -292,11 +295,13 @@ class DraftGate:
 
     def __init__(self, controller: DraftController, keep_first: bool = False):
         self.controller, self.keep_first = controller, keep_first
+        self.steps = 0  # draft steps the chain took: one per token judged, kept or not
         self.confidences: list[float] = []  # of the kept tokens
         self.survival = 1.0
         self.expected = 1.0  # tokens the round is expected to emit with the kept drafts (the target's one included)
 
     def keep(self, confidence: float) -> bool:
+        self.steps += 1
         c, n = self.controller, len(self.confidences)
         gain = self.survival * c.acceptance_at(confidence)
         spent = (n + 1) * c.draft_cost  # the steps so far, this token's included

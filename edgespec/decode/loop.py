@@ -191,6 +191,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             t0 = clock()
             if trees:  # the tree's nodes must fit the context and one pass
                 k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
+            steps = None  # the draft's steps this round, where a gate counted them (else one per draft)
             if k > 0 and trees:
                 drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, committed, k, tree_width,
                                                                             params, rng, clock)
@@ -203,6 +204,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 n_pass, k_round = len(drafts) + 1, len(drafts)
                 if round_gate is not None:
                     controller.observe_gate(round_gate, len(drafts), n_acc)
+                    steps = round_gate.steps or None
             if drafter is not None:  # heads read the state that produced the committed token
                 drafter.observe_target(target, n_acc, len(committed) - 1)  # the pass's first row sat there
 
@@ -221,7 +223,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     stats.lookup_accepted += n_acc
             if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
                 learner = drafter.lookup_controller if looked_up else controller
-                learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass)
+                learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass, draft_steps=steps)
                 if k == 0 and drafter.free:
                     # a free drafter's guess is still scored against the target row we already have
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
