@@ -22,6 +22,9 @@
 
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
+#if defined(_MSC_VER)
+#include <intrin.h> /* _BitScanForward */
+#endif
 #define SSE2 1 /* every x86-64 CPU has it: one build runs on all of them */
 #else
 #define SSE2 0

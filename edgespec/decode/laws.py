@@ -167,8 +167,8 @@ def _small(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Weigh
 
 
 def _full(row: np.ndarray, params: SamplingParams) -> Weights:
-    """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps). Masks are
-    applied by multiplying: a random mask over 152k ids costs ten times more as an indexed write (branches)."""
+    """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps), made by the
+    passes of decode/rows.py; then min-p."""
     t = params.temperature
     top, low = rows.extent(row)
     if params.top_p < 1.0:
