@@ -1,4 +1,5 @@
-"""`edgespec doctor`: what this device has, whether a pair loads, and an exactness self-test of the rule.
+"""`edgespec doctor`: what this device has, whether a pair loads, where its models run and what their steps cost,
+and an exactness self-test of the rule.
 
 The self-test checks the verification rule where it runs: for the loaded pair, at a few positions of a
 real text, it takes the target's processed distribution p (the loop's own to_probs: temperature, top-k,
@@ -21,6 +22,7 @@ from collections import Counter
 import numpy as np
 
 from edgespec import __version__
+from edgespec.decode.cost import measure_pass_costs
 from edgespec.decode.sampling import SamplingParams, sample, to_probs
 from edgespec.decode.verify import verify
 
@@ -123,8 +125,26 @@ def _version(dist: str) -> str | None:
         return None
 
 
+COST_TOKENS = (1, 2, 4)  # verify pass lengths doctor reports
+
+
+def step_costs(engine) -> dict:
+    """What a step costs on this device, in ms: the target's pass over 1, 2 and 4 tokens (the controller's
+    measurement at load, or measured now where nothing drafts), and the draft's step and its reading of a
+    token it skipped (none for prompt lookup, which costs no model call)."""
+    controller = engine.controller
+    passes = controller.target_costs if controller is not None else measure_pass_costs(engine.target,
+                                                                                          max(COST_TOKENS))
+    costs = {"target_pass_ms": {n: round(passes[n] * 1e3, 3) for n in COST_TOKENS if n in passes}}
+    if controller is not None and controller.draft_cost > 0:  # prompt lookup costs no model call
+        costs["draft_step_ms"] = round(controller.draft_cost * 1e3, 3)
+        costs["draft_read_ms"] = round(controller.read_cost * 1e3, 3)
+    return costs
+
+
 def run_doctor(load_engine, params: SamplingParams, draws: int = 10000, rule=None) -> dict:
-    """Environment, a load of the pair (timed) and the self-test; "ok" is False if a check failed."""
+    """Environment, a load of the pair (timed), where its models run and what their steps cost, and the
+    self-test; "ok" is False if a check failed."""
     report = {"environment": environment(), "checks": []}
     t = time.perf_counter()
     try:
@@ -138,6 +158,7 @@ def run_doctor(load_engine, params: SamplingParams, draws: int = 10000, rule=Non
                                                                         else "none")
         report["checks"].append({"name": "load", "ok": True, "detail": f"target {engine.target.name}, draft "
                                  f"{draft}, {time.perf_counter() - t:.1f} s"})
+        report["placement"], report["costs"] = engine.placement(), step_costs(engine)
         result = exactness(engine, params, draws, rule=rule)
         worst = min(r["p_value"] for r in result["positions"])
         report["checks"].append({"name": "exactness", "ok": result["ok"], "detail": result,

@@ -29,6 +29,16 @@ def test_self_test_passes_the_rule_and_fails_a_broken_one(broken):
     assert result["ok"] != broken and (result["p_value"] < doctor.ALPHA) == broken
 
 
+def test_step_costs_are_the_ones_the_controller_measured_at_load():
+    from edgespec.decode.cost import DraftController
+
+    class Engine:
+        controller = DraftController({1: 0.010, 2: 0.012, 3: 0.015, 4: 0.020}, 0.004, 3, read_cost=0.001)
+
+    assert doctor.step_costs(Engine()) == {"target_pass_ms": {1: 10.0, 2: 12.0, 4: 20.0}, "draft_step_ms": 4.0,
+                                           "draft_read_ms": 1.0}
+
+
 @pytest.mark.slow
 def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     runner = CliRunner()
@@ -37,6 +47,12 @@ def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     report = json.loads(result.output)
     assert report["ok"] and [c["name"] for c in report["checks"]] == ["load", "exactness"]
     assert report["environment"]["llama_cpp"]["devices"]
+    target = report["placement"]["target"]  # the default model on this machine's CPU, its 30 layers + output
+    assert report["placement"]["draft"] is None and target["runtime"] == "llama.cpp" and target["layers"] == 31
+    passes = report["costs"]["target_pass_ms"]
+    assert list(passes) == ["1", "2", "4"] and min(passes.values()) > 0
+    assert "draft_step_ms" not in report["costs"]  # prompt lookup costs no model call
     monkeypatch.setattr(doctor, "verify", without_residual)
     result = runner.invoke(main, ["doctor", "--draws", "4000"])
     assert result.exit_code == 1 and "FAIL exactness" in result.output
+    assert "target: llama.cpp on cpu, 0/31 layers on the GPU, a pass over 1/2/4 tokens" in result.output

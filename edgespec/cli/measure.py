@@ -170,11 +170,29 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
         for check in report["checks"]:
             detail = check.get("summary") or check["detail"]
             click.echo(f"{'ok  ' if check['ok'] else 'FAIL'} {check['name']}: {detail}")
+            if check["name"] == "load" and check["ok"]:
+                click.echo(f"     {where_and_cost(report['placement'], report['costs'])}")
         if any(c["name"] == "exactness" for c in report["checks"]):
             click.echo("     the guarantee is about the target's processed distribution (its quantization, a "
                        "grammar, temperature/top-p as given)")
     if not report["ok"]:
         sys.exit(1)
+
+
+def where_and_cost(placement: dict, costs: dict) -> str:
+    """One line: where each model runs (layers on a GPU) and what its steps cost."""
+    def where(p):
+        layers = f", {p['gpu_layers']}/{p['layers']} layers on the GPU" if "gpu_layers" in p else ""
+        return f"{p['runtime']} on {p['device']}{layers}"
+
+    passes = "/".join(f"{ms:.1f}" for ms in costs["target_pass_ms"].values())
+    line = (f"target: {where(placement['target'])}, a pass over {'/'.join(map(str, costs['target_pass_ms']))} "
+            f"tokens {passes} ms")
+    if placement["draft"] is not None:
+        line += f"; draft: {where(placement['draft'])}"
+    if "draft_step_ms" in costs:
+        line += f", a draft step {costs['draft_step_ms']:.1f} ms (reading a skipped token {costs['draft_read_ms']:.1f})"
+    return line
 
 
 @click.command()
