@@ -8,7 +8,7 @@ import sys
 import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
-from edgespec.cli.models import draft_choice, print_choice
+from edgespec.cli.models import print_choice
 from edgespec.cli.options import model_options, plan_options, read_schema, status
 from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import open_drafter, parse_draft
@@ -61,7 +61,7 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
                 if not runs_as_alone(engine):
                     alone = alone or load_engine("none")
                     baseline = alone
-                choice = draft_choice(engine)
+                choice = engine.draft_choice
                 if not as_json:
                     print_choice(choice)
                 reports.append(run_bench(engine, prompts, max_tokens=max_tokens, temperature=temperature,

@@ -6,8 +6,6 @@ import json
 
 import click
 
-from edgespec.api import Engine
-
 
 @click.command()
 @click.argument("name")
@@ -91,11 +89,6 @@ def models_cmd(as_json):
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-def draft_choice(engine: Engine) -> dict:
-    """The draft an engine runs and why: {"draft", "reason", "auto"} (auto: whether --draft auto chose it)."""
-    return dict(engine.draft_choice)
 
 
 def print_choice(choice: dict) -> None:

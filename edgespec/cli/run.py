@@ -6,7 +6,7 @@ import json
 
 import click
 
-from edgespec.cli.models import draft_choice, print_choice
+from edgespec.cli.models import print_choice
 from edgespec.cli.options import describe, model_options, read_schema, sampling_options, status
 from edgespec.errors import EdgespecError
 
@@ -24,7 +24,7 @@ def generate(prompt, load_engine, chat, schema_file, as_json, **sampling):
     if not as_json:
         status("loading models and measuring draft costs ...")
     engine = load_engine()
-    choice = draft_choice(engine)
+    choice = engine.draft_choice
     if not as_json:
         status(describe(engine))
         print_choice(choice)
@@ -64,7 +64,7 @@ def chat(load_engine, system, **sampling):
     status("loading models and measuring draft costs ...")
     engine = load_engine()
     status(f"edgespec chat: {describe(engine)}. /help for commands.")
-    print_choice(draft_choice(engine))
+    print_choice(engine.draft_choice)
     history = [{"role": "system", "content": system}] if system else []
     last_stats = None
     while True:
@@ -136,7 +136,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     status("loading models and measuring draft costs ...")
     engine = load_engine()
     status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
-    print_choice(draft_choice(engine))
+    print_choice(engine.draft_choice)
     try:
         run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
                    max_queue=max_queue, request_timeout=request_timeout)
