@@ -106,8 +106,10 @@ def environment() -> dict:
            "memory": {"total": psutil.virtual_memory().total, "available": psutil.virtual_memory().available}}
     from edgespec.backends.llama.lib import build_info
     from edgespec.backends.onnx.folder import runtime_info
+    from edgespec.decode.rows import kind
 
     out["llama_cpp"], out["onnxruntime"] = build_info(), runtime_info()
+    out["row_passes"] = kind()  # sampling's passes over a row: the C module (which kind) or numpy
     for name in ("llguidance", "torch"):
         try:
             out[name] = __import__(name).__version__ if name == "torch" else _version(name)

@@ -47,6 +47,7 @@ def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     report = json.loads(result.output)
     assert report["ok"] and [c["name"] for c in report["checks"]] == ["load", "exactness"]
     assert report["environment"]["llama_cpp"]["devices"]
+    assert report["environment"]["row_passes"] in ("avx2", "sse2", "c", "numpy")
     target = report["placement"]["target"]  # the default model on this machine's CPU, its 30 layers + output
     assert report["placement"]["draft"] is None and target["runtime"] == "llama.cpp" and target["layers"] == 31
     passes = report["costs"]["target_pass_ms"]

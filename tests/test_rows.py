@@ -104,6 +104,13 @@ def test_extent_and_ids_below_are_numpys(n_vocab, portable):
         np.testing.assert_array_equal(rows.below(row, bound), np.flatnonzero(row < bound))
 
 
+def test_kind_names_the_path_the_passes_take(monkeypatch):
+    expected = "numpy" if rows._rows is None else "avx2" if rows._rows.WIDE else "sse2" if rows._rows.SSE2 else "c"
+    assert rows.kind() == expected
+    monkeypatch.setattr(rows, "_rows", None)
+    assert rows.kind() == "numpy"
+
+
 @built
 def test_the_passes_refuse_arrays_of_the_wrong_type_or_size():
     row = flat(np.random.default_rng(0), 100)

@@ -167,6 +167,10 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
         click.echo(f"onnxruntime {ort['version']}: {', '.join(ort['providers'])}" if ort
                    else "onnxruntime: not installed")
         click.echo(f"llguidance {env['llguidance'] or 'not installed'}, torch {env['torch'] or 'not installed'}")
+        passes = env["row_passes"]
+        click.echo(f"sampling's passes over a row: {passes}" + (" (edgespec's C module was not built: slower at "
+                                                                "128k-152k tokens; install with a C compiler)"
+                                                                if passes == "numpy" else ""))
         for check in report["checks"]:
             detail = check.get("summary") or check["detail"]
             click.echo(f"{'ok  ' if check['ok'] else 'FAIL'} {check['name']}: {detail}")

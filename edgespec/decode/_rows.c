@@ -130,7 +130,7 @@ static Py_ssize_t ids_between_sse2(const float *row, Py_ssize_t n, float lo, flo
 static double split(const float *row, float *w, Py_ssize_t n, float lo, float hi, double *sums, Py_ssize_t block,
                     int portable) {
 #if SSE2
-    if (!portable && block % 4 == 0)
+    if (!portable) /* block: a power of two, 8 or more (take checks it), so whole vectors of 4 */
         return split_sse2(row, w, n, lo, hi, sums, block);
 #endif
     return split_c(row, w, n, lo, hi, sums, block);
@@ -441,7 +441,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", "Fused passe
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);
     wide = wide_available();
-    if (m && PyModule_AddIntConstant(m, "WIDE", wide) < 0) {
+    if (m && (PyModule_AddIntConstant(m, "WIDE", wide) < 0 || PyModule_AddIntConstant(m, "SSE2", SSE2) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -38,6 +38,14 @@ def wide(row: np.ndarray) -> bool:
     return fused(row) and bool(_rows.WIDE)
 
 
+def kind() -> str:
+    """Which passes run here: "avx2" (weights and band in one pass), "sse2" or "c" (the band's passes in C over
+    numpy's weights), or "numpy" (the C module was not built)."""
+    if _rows is None:
+        return "numpy"
+    return "avx2" if _rows.WIDE else "sse2" if _rows.SSE2 else "c"
+
+
 def extent(row: np.ndarray) -> tuple[float, float]:
     """(largest, smallest) logit of row [V]."""
     if fused(row):
