@@ -4,8 +4,11 @@ The alternative our users weigh is llama-server itself (plain, or with a draft: 
 For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft model
 (`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
 (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
-draft or prompt lookup). Speeds are decode speeds, prompt processing left out on both sides: llama-server's own
-`timings.predicted_per_second`, edgespec's `Stats.tokens_per_second`. Same chat template (the GGUF's), max
+draft or prompt lookup). Speeds are decode speeds, prompt processing left out on both sides, and both count a
+token for every pass that produced one, the end-of-generation token included: llama-server's own
+`timings.predicted_per_second` (its predicted_n counts the end token; its clock starts at the first token, which
+the prompt's pass produced), edgespec's generated tokens and its end token, if the answer ended on one, over its
+decode time (which starts with the pass that produces the first token). Same chat template (the GGUF's), max
 tokens, temperature (no top-k, top-p or min-p on either side), seed and threads.
 
 llama-server comes from the llama.cpp that the installed llama-cpp-python vendors, built with the project's
@@ -163,8 +166,9 @@ def main() -> None:
                 for name, draft_max in (("edgespec target-only", 0), ("edgespec speculative", None)):
                     result = engine.generate(row["prompt"], max_tokens=args.max_tokens, temperature=temperature,
                                              seed=i, draft_max=draft_max)
+                    produced = result.stats.generated + (result.stats.end_token is not None)  # as llama-server
                     for cat in (row["cat"], "overall"):
-                        totals[temperature, name, cat][0] += result.stats.generated
+                        totals[temperature, name, cat][0] += produced
                         totals[temperature, name, cat][1] += result.stats.decode_s
                 print(f"t={temperature} {i + 1}/{len(prompts)} {row['cat']}", file=sys.stderr)
     finally:

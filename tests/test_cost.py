@@ -140,10 +140,32 @@ def test_a_gated_round_prices_a_draft_step_not_a_kept_token():
     for _ in range(60):  # each round: two steps of 0.01, one token kept
         per_step.observe(1, 1, 0.02, per_step.target_costs[2], draft_steps=2)
         per_token.observe(1, 1, 0.02, per_token.target_costs[2])
-    assert per_step.draft_cost == pytest.approx(0.01) and per_token.draft_cost == pytest.approx(0.02)
+    assert per_step.draft_cost == pytest.approx(0.01) and per_step.draft_start == pytest.approx(0.0, abs=1e-9)
+    assert per_token.drafting_cost(1) == pytest.approx(0.02, rel=0.05)  # one step a round, taking two steps' time
     gate = per_step.gate()
     judged = [gate.keep(0.95), gate.keep(0.05)]  # a sure token kept, an unsure one not
     assert judged == [True, False] and gate.steps == 2 and len(gate.confidences) == 1
+
+
+def test_a_rounds_start_is_priced_apart_from_its_steps():
+    """A draft's first step in a round costs more than the next (it reads what the last pass kept, its weights
+    cold after the target's pass): fitted as a start and a step, the round costs what it took, and the
+    controller drafts as far as that pays. Priced at the average step of the short chains it saw, every step
+    would cost like a first one and the draft would stop at 2."""
+    c = DraftController(costs(0.1), 0.1, k_max=8)
+    rng = random.Random(0)
+    for i in range(60):  # rounds of 1..3 steps: 0.3 to start, 0.1 a step
+        k = 1 + i % 3
+        n_acc = next((j for j in range(k) if rng.random() >= 0.75), k)
+        c.observe(k, n_acc, 0.3 + 0.1 * k, c.target_costs[k + 1])
+    for k in (1, 2, 3):
+        assert c.drafting_cost(k) == pytest.approx(0.3 + 0.1 * k, rel=0.05)
+    assert c.draft_start > 2 * c.draft_cost
+    assert c.best_k() >= 3
+    per_step = DraftController(costs(0.1), (0.4 + 0.5 + 0.6) / 6, k_max=8,  # the average step of those rounds
+                               accepted=c.accepted, rejected=c.rejected, after_kept=c.after_kept,
+                               after_rejected=c.after_rejected)
+    assert per_step.best_k() <= 2
 
 
 def test_a_prompt_is_read_at_prefill_only_where_drafting_would_repay_it():

@@ -11,6 +11,12 @@ measured after a kept guess; with independent acceptance both are alpha and this
 that sat rounds out reads the text it skipped before it drafts again, at `read_cost` a token (measured at load):
 the controller weighs that reading before it resumes drafting, probes, or has a prompt read at prefill.
 
+A round's drafting costs a start and a step per draft, `draft_start + k * draft_cost`, fitted to every drafting
+round's time and steps. The first step of a round costs more than the next ones: it reads what the last pass kept,
+and the target's pass has just pushed the draft's weights out of cache (SmolLM2 Q4_0 beside its f32 target on a
+2-core CPU: about 5 ms more than a further step of 6 ms). One cost per step, averaged over the short chains a
+hard text gets, would price every step like a first one, make long chains look dear, and keep chains short.
+
 A drafter that knows how sure it is (draft models and heads: `gated`) drafts under a DraftGate instead of
 to a fixed k: each draft token is kept only while the round's expected tokens per second still rise with
 it, the token's acceptance read off the draft's confidence at its position (the top probability of the
@@ -40,6 +46,8 @@ CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draf
 BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
 BIN_DECAY = 0.99  # per token observed in a bin
 STREAK_PRIOR = 4.0  # pseudo-tokens behind the acceptance after a kept or a rejected guess, at alpha
+COST_DECAY = 0.95  # per drafting round: the draft's timings older than ~20 rounds fade from its cost fit
+COST_PRIOR = 0.25  # pseudo-rounds behind the cost's start (0) and step (as measured at load) in that fit
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -104,10 +112,11 @@ class DraftController:
     """Chooses the draft length of each round and learns from each round's outcome."""
 
     target_costs: dict[int, float]  # n tokens in a verify pass -> seconds
-    draft_cost: float  # seconds per drafted token
+    draft_cost: float  # seconds per draft step (beyond a round's start, draft_start)
     k_max: int
     width: int = 1  # candidates per depth of a draft tree: a round of depth k verifies k * width + 1 tokens
     read_cost: float = 0.0  # seconds a draft takes per token it missed, reading them before it drafts again
+    draft_start: float = 0.0  # seconds a drafting round spends besides its steps' draft_cost each
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
     prior: tuple[float, float] | None = None  # (accepted, rejected) pseudo-counts measured at load (set_prior)
@@ -125,6 +134,10 @@ class DraftController:
     after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
     after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _last_kept: bool = field(default=True, repr=False)
+    # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds, and the
+    # (start, step) it is drawn towards, taken at the first round fitted (set up by then: backends/sim.py sets it)
+    _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    _cost_prior: tuple[float, float] | None = field(default=None, repr=False)
 
     @property
     def alpha(self) -> float:
@@ -159,9 +172,33 @@ class DraftController:
         """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
         return self.verify_cost(k * self.width + 1)
 
+    def drafting_cost(self, k: int) -> float:
+        """Seconds a round spends drafting k deep (k steps; none for k = 0)."""
+        return self.draft_start + k * self.draft_cost if k > 0 else 0.0
+
     def chain_cost(self, k: int) -> float:
         """Seconds for a chain round of k drafts: k draft steps and a verify pass of k + 1 tokens."""
-        return k * self.draft_cost + self.verify_cost(k + 1)
+        return self.drafting_cost(k) + self.verify_cost(k + 1)
+
+    def _fit_cost(self, steps: int, seconds: float) -> None:
+        """Refit draft_start and draft_cost to the drafting rounds seen (decayed least squares, drawn towards
+        the prior by COST_PRIOR pseudo-rounds so rounds that all take the same steps still give both)."""
+        if self._cost_prior is None:
+            self._cost_prior = (self.draft_start, self.draft_cost)
+        sums = self._cost_sums
+        for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
+            sums[i] = COST_DECAY * sums[i] + x
+        n, s, ss, d, sd = sums
+        start0, step0 = self._cost_prior
+        a11, a12, a22 = n + COST_PRIOR, s, ss + COST_PRIOR
+        r1, r2 = d + COST_PRIOR * start0, sd + COST_PRIOR * step0
+        det = a11 * a22 - a12 * a12  # > 0: n * ss >= s * s, and the prior adds to both
+        start, step = (a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
+        if start < 0:  # neither part can be negative: fit the other alone
+            start, step = 0.0, r2 / a22
+        elif step < 0:
+            start, step = r1 / a11, 0.0
+        self.draft_start, self.draft_cost = start, step
 
     def acceptance_at(self, confidence: float) -> float:
         """The calibrated chance that a draft token drafted with this confidence is accepted (given the
@@ -184,17 +221,17 @@ class DraftController:
 
     def predicted_rate(self, k: int) -> float:
         """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
-        return self.expected(k) / (k * self.draft_cost + self.pass_cost(k))
+        return self.expected(k) / (self.drafting_cost(k) + self.pass_cost(k))
 
     def could_pay(self) -> bool:
         """Would some draft length beat target-only decoding if every draft were accepted? If not, the
         draft is too slow for this target and probing its acceptance is pure cost."""
         base = 1.0 / self.target_costs[1]
-        return any((k + 1) / (k * self.draft_cost + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
+        return any((k + 1) / (self.drafting_cost(k) + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
 
     def saving(self, k: int) -> float:
         """Seconds a round of k drafts is expected to save over target-only decoding of the tokens it brings."""
-        return self.expected(k) * self.target_costs[1] - (k * self.draft_cost + self.pass_cost(k))
+        return self.expected(k) * self.target_costs[1] - (self.drafting_cost(k) + self.pass_cost(k))
 
     def best_k(self) -> int:
         """The draft length with the most expected tokens per second, as acceptance and costs stand."""
@@ -265,14 +302,14 @@ class DraftController:
                 pass_tokens: int | None = None, draft_steps: int | None = None) -> None:
         """Record one round: n_drafted tokens proposed (a tree: its depth), n_accepted kept, and what each side
         cost; pass_tokens: tokens in the verify pass (default n_drafted + 1, a chain's); draft_steps: the draft's
-        steps (default n_drafted; under a gate, also the step whose token it did not keep). draft_cost stays a
-        step's cost: the gate counts its unkept step itself, and a cost per kept token would count it twice and
-        read a hard text's short chains as a slower draft."""
+        steps (default n_drafted; under a gate, also the step whose token it did not keep). The cost is fitted
+        per step, not per kept token: the gate counts its unkept step itself, and a cost per kept token would
+        count it twice and read a hard text's short chains as a slower draft."""
         n = pass_tokens if pass_tokens is not None else n_drafted + 1
         old = self.target_costs.get(n, target_s)
         self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n_drafted:
-            self.draft_cost = (1 - EMA) * self.draft_cost + EMA * draft_s / (draft_steps or n_drafted)
+            self._fit_cost(draft_steps or n_drafted, draft_s)
             self.accepted = DECAY * self.accepted + n_accepted
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
             for i in range(min(n_accepted + 1, n_drafted)):  # the kept ones and the first rejected
@@ -304,7 +341,7 @@ class DraftGate:
         self.steps += 1
         c, n = self.controller, len(self.confidences)
         gain = self.survival * c.acceptance_at(confidence)
-        spent = (n + 1) * c.draft_cost  # the steps so far, this token's included
+        spent = c.drafting_cost(n + 1)  # the steps so far, this token's included
         pays = (self.expected + gain) / (spent + c.verify_cost(n + 2)) > self.expected / (spent + c.verify_cost(n + 1))
         if not (pays or self.keep_first and n == 0):
             return False

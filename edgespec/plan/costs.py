@@ -102,7 +102,8 @@ def speculative_engine(engine, drafter, k_max: int):
     from edgespec.api import Engine
 
     backend = drafter.backend if isinstance(drafter, ModelDrafter) else None
-    controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max)
+    controller = DraftController(dict(engine.controller.target_costs), engine.controller.draft_cost, k_max,
+                                 draft_start=engine.controller.draft_start)
     return Engine(engine.target, drafter, controller, backend)
 
 
