@@ -13,9 +13,10 @@ the controller weighs that reading before it resumes drafting, probes, or has a 
 
 A round's drafting costs a start and a step per draft, `draft_start + k * draft_cost`, fitted to every drafting
 round's time and steps. The first step of a round costs more than the next ones: it reads what the last pass kept,
-and the target's pass has just pushed the draft's weights out of cache (SmolLM2 Q4_0 beside its f32 target on a
-2-core CPU: about 5 ms more than a further step of 6 ms). One cost per step, averaged over the short chains a
-hard text gets, would price every step like a first one, make long chains look dear, and keep chains short.
+and it follows the target's pass, a pause that leaves the draft's weights cold (SmolLM2 Q4_0 beside its f32 target
+on a 2-core CPU: about 5 ms more than a further step of 6-7 ms; experiments/draft_pause.py). One cost per step,
+averaged over the short chains a hard text gets, would price every step like a first one, make long chains look
+dear, and keep chains short.
 
 A drafter that knows how sure it is (draft models and heads: `gated`) drafts under a DraftGate instead of
 to a fixed k: each draft token is kept only while the round's expected tokens per second still rise with
