@@ -128,7 +128,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from edgespec import api
-    from edgespec.bench import read_prompts
+    from edgespec.bench import first_of_each, read_prompts
     from edgespec.models.default import default_target
 
     if args.pair:
@@ -145,11 +145,7 @@ def main() -> None:
             configs[f"llama-server + draft, n-max {n_max}"] = [*configs["llama-server + draft"],
                                                                "--spec-draft-n-max", str(n_max)]
     configs["llama-server + ngram"] = [*configs["llama-server"], "--spec-type", "ngram-simple"]
-    by_cat: dict[str, list[dict]] = defaultdict(list)
-    for row in read_prompts(args.prompts):
-        if len(by_cat[row["cat"]]) < args.per_category:
-            by_cat[row["cat"]].append(row)
-    prompts = [row for rows in by_cat.values() for row in rows]
+    prompts = first_of_each(read_prompts(args.prompts), args.per_category)
 
     servers = {name: Server(binary, target, args.threads, args.ctx, extra) for name, extra in configs.items()}
     engine = api.load(target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
@@ -166,9 +162,8 @@ def main() -> None:
                 for name, draft_max in (("edgespec target-only", 0), ("edgespec speculative", None)):
                     result = engine.generate(row["prompt"], max_tokens=args.max_tokens, temperature=temperature,
                                              seed=i, draft_max=draft_max)
-                    produced = result.stats.generated + (result.stats.end_token is not None)  # as llama-server
                     for cat in (row["cat"], "overall"):
-                        totals[temperature, name, cat][0] += produced
+                        totals[temperature, name, cat][0] += result.stats.produced  # counted as llama-server does
                         totals[temperature, name, cat][1] += result.stats.decode_s
                 print(f"t={temperature} {i + 1}/{len(prompts)} {row['cat']}", file=sys.stderr)
     finally:
@@ -177,7 +172,7 @@ def main() -> None:
         engine.close()
 
     systems = [*configs, "edgespec target-only", "edgespec speculative"]
-    cats = [*by_cat, "overall"]
+    cats = [*dict.fromkeys(row["cat"] for row in prompts), "overall"]
     rows = []
     for (temperature, name, cat), (n, seconds) in totals.items():
         base_n, base_s = totals[temperature, "llama-server", cat]

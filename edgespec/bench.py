@@ -35,6 +35,16 @@ def read_prompts(path: str | Path | None) -> list[dict]:
     return prompts
 
 
+def first_of_each(prompts: list[dict], n: int) -> list[dict]:
+    """The first n prompts of each category, categories in the order they first appear, each one's together."""
+    by_cat: dict[str, list[dict]] = {}
+    for row in prompts:
+        rows = by_cat.setdefault(row["cat"], [])
+        if len(rows) < n:
+            rows.append(row)
+    return [row for rows in by_cat.values() for row in rows]
+
+
 def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperature: float = 0.0,
               draft_max: int | None = None, progress: bool = False, json_schema: dict | None = None,
               grammar_drafts: bool = True, baseline: Engine | None = None) -> dict:

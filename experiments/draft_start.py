@@ -38,13 +38,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from edgespec import api
-    from edgespec.bench import read_prompts
+    from edgespec.bench import first_of_each, read_prompts
 
-    by_cat: dict[str, list[dict]] = defaultdict(list)
-    for row in read_prompts(None):
-        if len(by_cat[row["cat"]]) < args.per_category:
-            by_cat[row["cat"]].append(row)
-    prompts = [row for rows in by_cat.values() for row in rows]
+    prompts = first_of_each(read_prompts(None), args.per_category)
     engines = {name: api.load(args.target, args.draft, threads=args.threads, n_ctx=2048)
                for name in ("start + step", "per step")}
     engines["per step"].controller.__class__ = PerStep
@@ -58,9 +54,9 @@ def main() -> None:
                         stats = engines[name].generate(row["prompt"], max_tokens=args.max_tokens,
                                                        temperature=temperature, seed=i, draft_max=draft_max).stats
                         for cat in (row["cat"], "overall"):
-                            totals[temperature, name, mode, cat][0] += stats.generated + (stats.end_token is not None)
+                            totals[temperature, name, mode, cat][0] += stats.produced
                             totals[temperature, name, mode, cat][1] += stats.decode_s
-            cats = [*by_cat, "overall"]
+            cats = [*dict.fromkeys(row["cat"] for row in prompts), "overall"]
             print(f"\nt={temperature}: decode tok/s, speculative (x the engine's own target-only)")
             print(f"{'controller':14s}" + "".join(f"{c:>16s}" for c in cats))
             for name in engines:

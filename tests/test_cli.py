@@ -99,6 +99,14 @@ def test_bad_prompt_file_is_a_clear_error(runner, tmp_path):
     assert result.exit_code == 1 and "expected a JSON object" in result.output
 
 
+def test_first_of_each_category_keeps_their_order_and_groups_them():
+    from edgespec.bench import first_of_each
+
+    rows = [{"cat": c, "prompt": f"{c}{i}"} for i, c in enumerate("abacbab")]
+    assert [r["prompt"] for r in first_of_each(rows, 2)] == ["a0", "a2", "b1", "b4", "c3"]
+    assert [r["prompt"] for r in first_of_each(rows, 1)] == ["a0", "b1", "c3"]
+
+
 def test_non_gguf_target(runner, tmp_path):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 zip, not gguf")

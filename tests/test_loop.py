@@ -77,6 +77,7 @@ def test_eos_inside_a_draft_ends_generation_without_emitting_it():
     events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=20, draft_max=5)
     assert tokens_of(events) == [2, 3]
     assert stats.finish_reason == "stop" and stats.generated == 2
+    assert stats.end_token == EOS and stats.produced == 3  # the end token counted, as llama-server counts it
     assert stats.drafted == 3  # the draft stopped proposing at its own EOS
 
 
@@ -85,7 +86,7 @@ def test_max_tokens_caps_the_draft_of_the_last_round():
     draft = FakeBackend(deterministic_table(CHAIN, V))
     events, stats = run(target, ModelDrafter(draft, target.vocab), [1], max_tokens=6, draft_max=4)
     assert tokens_of(events) == [2, 3, 4, 5, 1, 2]
-    assert stats.finish_reason == "length"
+    assert stats.finish_reason == "length" and stats.produced == stats.generated == 6
     # round 1: 4 drafts + bonus = 5 tokens; round 2 has room for one token, so it drafts nothing
     assert target.calls[1:] == [(5, 5), (1, 1)]
 
@@ -314,9 +315,19 @@ def test_lookup_rounds_teach_the_controller_nothing_about_the_draft():
     draft = FakeBackend(deterministic_table(wrong, V))
     drafter = Sources(ModelDrafter(draft, target.vocab), V, min_ngram=2)
     ctl = controller()
+    fitted = []  # the drafting rounds ctl learnt from: (drafts, draft seconds, draft steps)
+    observe = ctl.observe
+
+    def spy(n_drafted, n_accepted, draft_s, target_s, **kwargs):
+        if n_drafted:
+            fitted.append((n_drafted, draft_s, kwargs.get("draft_steps")))
+        observe(n_drafted, n_accepted, draft_s, target_s, **kwargs)
+
+    ctl.observe = spy
+    ticks = itertools.count()  # a clock that moves 1 ms a reading: every timing the loop takes is the same each run
     stats = Stats()
     events = list(speculate(target, drafter, ctl, [1, 2], GREEDY, np.random.default_rng(0), max_tokens=30,
-                            draft_max=3, stats=stats))
+                            draft_max=3, stats=stats, clock=lambda: next(ticks) * 1e-3))
     assert tokens_of(events) == list(itertools.islice(itertools.cycle([3, 4, 5, 1, 2]), 30))
     assert drafter.rounds["inner"] >= 1 and drafter.rounds["lookup"] >= 5  # the text repeats after 5 tokens
     assert stats.lookup_drafted == 3 * drafter.rounds["lookup"] == stats.lookup_accepted  # lookup is always right
@@ -324,8 +335,15 @@ def test_lookup_rounds_teach_the_controller_nothing_about_the_draft():
     # the draft model's rounds alone: 3 drafts, 2 or fewer accepted (it breaks at 3); the prior is Beta(1, 1)
     inner_rounds = drafter.rounds["inner"]
     assert ctl.rejected > 1 and ctl.accepted < 1 + 3 * inner_rounds
-    # the fake's near-zero times pull the cost down from its 0.01 prior, by the draft model's rounds only: no
-    # further than as many rounds that took no time at all (every further one would pull it lower)
+    # the draft's cost was fitted to the draft model's rounds only: one fit each, 3 drafts each, and what it
+    # ended at is what those rounds alone give
+    assert len(fitted) == inner_rounds and all(n == 3 for n, _, _ in fitted)
+    replay = controller()
+    for n, draft_s, steps in fitted:
+        replay.observe(n, 0, draft_s, 1.0, draft_steps=steps)
+    assert (ctl.draft_start, ctl.draft_cost) == (replay.draft_start, replay.draft_cost)
+    # the ticking clock's 1 ms readings pull the cost down from its 0.01 prior: no further than as many rounds
+    # that took no time at all (every further one would pull it lower)
     instant = controller()
     for _ in range(inner_rounds):
         instant.observe(3, 2, 0.0, 1.0)

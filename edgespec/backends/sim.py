@@ -232,11 +232,13 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
     calibration = np.arange(1, 4 * MAX_OUTPUTS)
     costs = measure_pass_costs(backend(calibration, target_seconds, TARGET_TOP, len(calibration) + 1,
                                        np.random.default_rng([seed, 1 << 20])), k_max + 1, clock=clock)
-    controller = DraftController(costs, {"lookup": 0.0, "heads": device.head_token}.get(draft, 0.0), k_max)
+    draft_cost = {"lookup": 0.0, "heads": device.head_token}.get(draft, 0.0)
     if draft == "model":
         draft_backend = backend(calibration, draft_seconds, DRAFT_TOP, len(calibration) + 1,
                                 np.random.default_rng([seed, 1 << 21]))
-        controller.draft_cost = measure_pass_costs(draft_backend, 1, clock=clock)[1]
+        draft_cost = measure_pass_costs(draft_backend, 1, clock=clock)[1]
+    controller = DraftController(costs, draft_cost, k_max)
+    if draft == "model":
         controller.read_cost = measure_read_cost(draft_backend, clock=clock)
         prior = alpha if prior is None else prior
         controller.set_prior(prior)

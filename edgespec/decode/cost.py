@@ -135,10 +135,11 @@ class DraftController:
     after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
     after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _last_kept: bool = field(default=True, repr=False)
-    # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds, and the
-    # (start, step) it is drawn towards, taken at the first round fitted (set up by then: backends/sim.py sets it)
+    # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds
     _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
-    _cost_prior: tuple[float, float] | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self._cost_prior = (self.draft_start, self.draft_cost)  # what the fit is drawn towards: as measured at load
 
     @property
     def alpha(self) -> float:
@@ -184,8 +185,6 @@ class DraftController:
     def _fit_cost(self, steps: int, seconds: float) -> None:
         """Refit draft_start and draft_cost to the drafting rounds seen (decayed least squares, drawn towards
         the prior by COST_PRIOR pseudo-rounds so rounds that all take the same steps still give both)."""
-        if self._cost_prior is None:
-            self._cost_prior = (self.draft_start, self.draft_cost)
         sums = self._cost_sums
         for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
             sums[i] = COST_DECAY * sums[i] + x

@@ -72,6 +72,12 @@ class Stats:
         return sum(k * c for k, c in self.accept_counts.items()) / n if n else 0.0
 
     @property
+    def produced(self) -> int:
+        """Tokens the decode produced, one a pass position kept: the generated ones and the end-of-generation token
+        that ended the answer, if one did (as llama-server's predicted_n counts them)."""
+        return self.generated + (self.end_token is not None)
+
+    @property
     def tokens_per_second(self) -> float:
         return self.generated / self.decode_s if self.decode_s > 0 else 0.0
 
