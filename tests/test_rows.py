@@ -71,18 +71,18 @@ def test_weights_in_one_pass_are_numpys_and_make_the_band(n_vocab):
     rng = np.random.default_rng(n_vocab + 3)
     for temperature, shift in ((0.7, 0.0), (1.3, 2.0), (0.05, 1.5)):
         row = flat(rng, n_vocab)
-        scale, offset = np.float32(1 / temperature), np.float32(shift / temperature)
+        scale = rows._scale(temperature, row.dtype)  # (hi, lo)
         floor = np.float32(shift - 87 * temperature)
         expected = np.exp((row.astype(np.float64) - shift) / temperature) * (row >= floor)
         w, sums, ids = np.empty_like(row), np.empty(-(-n_vocab // BLOCK)), np.empty(n_vocab + 8, dtype=np.int64)
-        total, m = rows._rows.weights(row, w, scale, offset, floor, -np.inf, -np.inf, 1.0, sums, BLOCK, None)
-        # float32 arguments round to 1 ulp of up to 88: exp's error is dominated by the argument's, as numpy's is
+        total, m = rows._rows.weights(row, w, *scale, shift, floor, -np.inf, -np.inf, 1.0, sums, BLOCK, None)
+        # the exponent rounds to 1 ulp of up to 87: exp's error is dominated by the argument's, as numpy's is
         np.testing.assert_allclose(w, expected, rtol=2e-5, atol=1e-37)
         assert m == 0 and np.isclose(total, expected.sum(), rtol=1e-5)
         np.testing.assert_allclose(sums, sums_of(w), rtol=1e-5, atol=1e-9 * total)
         lo, hi, top_p = a_band(rng, row, w)
         after = np.empty_like(row)
-        total, m = rows._rows.weights(row, after, scale, offset, floor, lo, hi, top_p, sums, BLOCK, ids)
+        total, m = rows._rows.weights(row, after, *scale, shift, floor, lo, hi, top_p, sums, BLOCK, ids)
         check_band(row, w, lo, hi, top_p, after, sums, total, ids[:m])
 
 
@@ -129,7 +129,7 @@ def test_the_passes_refuse_arrays_of_the_wrong_type_or_size():
         rows._rows.extent(row[:0])
     if rows._rows.WIDE:
         with pytest.raises(ValueError):  # the AVX2 pass stores 8 ids at a time: it needs room for 8 more
-            rows._rows.weights(row, w, 1.0, 0.0, -np.inf, 0.0, 1.0, 0.9, sums, 16, ids)
+            rows._rows.weights(row, w, 1.0, 0.0, 0.0, -np.inf, 0.0, 1.0, 0.9, sums, 16, ids)
 
 
 @pytest.mark.parametrize("path", ["wide", "band", "numpy"])

@@ -193,9 +193,10 @@ static Py_ssize_t narrow(const float *row, float *w, float lo, float hi, double 
     return kept;
 }
 
-static void bounds_c(const float *row, Py_ssize_t n, float *largest, float *smallest) {
-    /* widens [*smallest, *largest] to hold row [n] */
+static int bounds_c(const float *row, Py_ssize_t n, float *largest, float *smallest) {
+    /* widens [*smallest, *largest] to hold row [n]; returns whether row holds a NaN (which comparisons skip) */
     float hi[8], lo[8];
+    int unordered[8] = {0};
     for (int j = 0; j < 8; j++)
         hi[j] = *largest, lo[j] = *smallest;
     Py_ssize_t i = 0;
@@ -203,30 +204,41 @@ static void bounds_c(const float *row, Py_ssize_t n, float *largest, float *smal
         for (int j = 0; j < 8; j++) {
             hi[j] = row[i + j] > hi[j] ? row[i + j] : hi[j];
             lo[j] = row[i + j] < lo[j] ? row[i + j] : lo[j];
+            unordered[j] |= row[i + j] != row[i + j];
         }
     for (; i < n; i++) {
         hi[0] = row[i] > hi[0] ? row[i] : hi[0];
         lo[0] = row[i] < lo[0] ? row[i] : lo[0];
+        unordered[0] |= row[i] != row[i];
     }
+    int nan = 0;
     for (int j = 0; j < 8; j++) {
         *largest = hi[j] > *largest ? hi[j] : *largest;
         *smallest = lo[j] < *smallest ? lo[j] : *smallest;
+        nan |= unordered[j];
     }
+    return nan;
 }
 
 static void bounds(const float *row, Py_ssize_t n, float *largest, float *smallest, int portable) {
+    /* [*smallest, *largest] of row [n]; *largest is NaN where the row holds a NaN */
+    int nan;
 #if SSE2
     if (!portable && n >= 16) {
-        /* four running maxima and minima: one would wait on the last one's result every step */
-        __m128 hi[4], lo[4];
-        for (int j = 0; j < 4; j++)
+        /* four running maxima and minima: one would wait on the last one's result every step. max and min drop
+         * a NaN (they return their second operand), so NaNs are collected apart */
+        __m128 hi[4], lo[4], unordered = _mm_setzero_ps();
+        for (int j = 0; j < 4; j++) {
             hi[j] = lo[j] = _mm_loadu_ps(row + 4 * j);
+            unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(hi[j], hi[j]));
+        }
         Py_ssize_t i = 16;
         for (; i + 16 <= n; i += 16)
             for (int j = 0; j < 4; j++) {
                 __m128 x = _mm_loadu_ps(row + i + 4 * j);
                 hi[j] = _mm_max_ps(hi[j], x);
                 lo[j] = _mm_min_ps(lo[j], x);
+                unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(x, x));
             }
         float h[16], l[16];
         for (int j = 0; j < 4; j++) {
@@ -234,17 +246,22 @@ static void bounds(const float *row, Py_ssize_t n, float *largest, float *smalle
             _mm_storeu_ps(l + 4 * j, lo[j]);
         }
         *largest = h[0], *smallest = l[0];
+        nan = _mm_movemask_ps(unordered) != 0;
         if (i < n) /* the last ids, where n is not a multiple of 16 */
-            bounds_c(row + i, n - i, largest, smallest);
+            nan |= bounds_c(row + i, n - i, largest, smallest);
         for (int j = 0; j < 16; j++) {
             *largest = h[j] > *largest ? h[j] : *largest;
             *smallest = l[j] < *smallest ? l[j] : *smallest;
         }
+        if (nan)
+            *largest = NAN;
         return;
     }
 #endif
     *largest = *smallest = row[0];
-    bounds_c(row, n, largest, smallest);
+    nan = bounds_c(row, n, largest, smallest) || row[0] != row[0];
+    if (nan)
+        *largest = NAN;
 }
 
 static int get(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t itemsize, const char *name) {
@@ -336,20 +353,20 @@ static PyObject *band(PyObject *self, PyObject *args) {
     return Py_BuildValue("dn", total, m);
 }
 
-double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float offset, float floor, float lo,
-                    float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m);
+double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float scale_lo, float shift, float floor,
+                    float lo, float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m);
 int wide_available(void);
 static int wide; /* the CPU runs weights_avx2 */
 
 static PyObject *weights(PyObject *self, PyObject *args) {
-    /* weights(row, w, scale, offset, floor, lo, hi, top_p, sums, block, ids) -> (total, m): w = exp(row * scale -
-     * offset), 0 below floor, and top-p's band over them (see the top of this file); ids None: no band (lo = hi
+    /* weights(row, w, scale, scale_lo, shift, floor, lo, hi, top_p, sums, block, ids) -> (total, m): w =
+     * exp((row - shift) * (scale + scale_lo)), 0 below floor, and top-p's band over them (see the top of this file); ids None: no band (lo = hi
      * = -inf then gives every block's weight in sums). Where WIDE is true only. */
     PyObject *row_obj, *w_obj, *sums_obj, *ids_obj;
-    float scale, offset, floor, lo, hi;
+    float scale, scale_lo, shift, floor, lo, hi;
     double top_p;
     Py_ssize_t block;
-    if (!PyArg_ParseTuple(args, "OOfffffdOnO", &row_obj, &w_obj, &scale, &offset, &floor, &lo, &hi, &top_p,
+    if (!PyArg_ParseTuple(args, "OOffffffdOnO", &row_obj, &w_obj, &scale, &scale_lo, &shift, &floor, &lo, &hi, &top_p,
                           &sums_obj, &block, &ids_obj))
         return NULL;
     if (!wide) {
@@ -367,7 +384,7 @@ static PyObject *weights(PyObject *self, PyObject *args) {
     double total;
     Py_ssize_t m = 0;
     Py_BEGIN_ALLOW_THREADS
-    total = weights_avx2(a.row.buf, a.w.buf, a.n, scale, offset, floor, lo, hi, a.sums.buf, block,
+    total = weights_avx2(a.row.buf, a.w.buf, a.n, scale, scale_lo, shift, floor, lo, hi, a.sums.buf, block,
                          a.has_ids ? a.ids.buf : NULL, &m);
     if (a.has_ids)
         m = narrow(a.row.buf, a.w.buf, lo, hi, top_p * total, a.ids.buf, m, a.sums.buf, a.blocks, block);
@@ -404,7 +421,7 @@ static PyObject *between(PyObject *self, PyObject *args) {
 }
 
 static PyObject *extent(PyObject *self, PyObject *args) {
-    /* extent(row, portable=False) -> (largest, smallest) of a row [n >= 1] without NaN */
+    /* extent(row, portable=False) -> (largest, smallest) of a row [n >= 1]; largest is NaN where it holds one */
     PyObject *row_obj;
     int portable = 0;
     if (!PyArg_ParseTuple(args, "O|p", &row_obj, &portable))
@@ -429,7 +446,7 @@ static PyObject *extent(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"band", band, METH_VARARGS, "band(row, w, lo, hi, top_p, sums, block, ids, portable=False) -> (total, m)"},
     {"weights", weights, METH_VARARGS,
-     "weights(row, w, scale, offset, floor, lo, hi, top_p, sums, block, ids) -> (total, m)"},
+     "weights(row, w, scale, scale_lo, shift, floor, lo, hi, top_p, sums, block, ids) -> (total, m)"},
     {"between", between, METH_VARARGS, "between(row, lo, hi, ids, portable=False) -> m"},
     {"extent", extent, METH_VARARGS, "extent(row, portable=False) -> (largest, smallest)"},
     {NULL, NULL, 0, NULL},

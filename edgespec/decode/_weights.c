@@ -44,12 +44,13 @@ TARGET static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
-TARGET double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float offset, float floor,
-                           float lo, float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m) {
-    /* w = exp(row * scale - offset) where row >= max(floor, lo), else 0; sums[b] = the weight of block b's
+TARGET double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float scale_lo, float shift,
+                           float floor, float lo, float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m) {
+    /* w = exp((row - shift) * (scale + scale_lo)) where row >= max(floor, lo), else 0; sums[b] = the weight of block b's
      * logits above hi; ids (where not NULL, n + 8 items) receive the ids of logits in [lo, hi], *m their
      * number. Returns the whole weight (below lo included). block is a multiple of 8, n < 2^31. */
-    const __m256 s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset), f = _mm256_set1_ps(floor);
+    const __m256 s = _mm256_set1_ps(scale), s_lo = _mm256_set1_ps(scale_lo), o = _mm256_set1_ps(shift);
+    const __m256 f = _mm256_set1_ps(floor);
     const __m256 l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     double total = 0.0;
@@ -62,7 +63,11 @@ TARGET double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale,
             __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(end - i < 8 ? end - i : 8)), lane);
             __m256 r = end - i >= 8 ? _mm256_loadu_ps(row + i) : _mm256_maskload_ps(row + i, valid);
             __m256 keep = _mm256_and_ps(_mm256_cmp_ps(r, f, _CMP_GE_OQ), _mm256_castsi256_ps(valid));
-            __m256 e = _mm256_and_ps(exp8(_mm256_fmsub_ps(r, s, o)), keep);
+            /* the difference first: exact or nearly so for the logits near the shift (the ones that weigh), where
+             * row * scale - shift * scale would round each product at the row's magnitude; 1 / temperature in two
+             * parts, so that its rounding does not bend every weight the same way */
+            __m256 d = _mm256_sub_ps(r, o);
+            __m256 e = _mm256_and_ps(exp8(_mm256_fmadd_ps(d, s, _mm256_mul_ps(d, s_lo))), keep);
             all = _mm256_add_ps(all, e);
             up = _mm256_add_ps(up, _mm256_and_ps(e, _mm256_cmp_ps(r, h, _CMP_GT_OQ)));
             __m256 from_lo = _mm256_and_ps(_mm256_cmp_ps(r, l, _CMP_GE_OQ), _mm256_castsi256_ps(valid));
@@ -99,9 +104,9 @@ TARGET double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale,
 
 int wide_available(void) { return 0; }
 
-double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float offset, float floor, float lo,
-                    float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m) {
-    (void)row, (void)w, (void)n, (void)scale, (void)offset, (void)floor, (void)lo, (void)hi, (void)sums;
+double weights_avx2(const float *row, float *w, ptrdiff_t n, float scale, float scale_lo, float shift, float floor,
+                    float lo, float hi, double *sums, ptrdiff_t block, int64_t *ids, ptrdiff_t *m) {
+    (void)row, (void)w, (void)n, (void)scale, (void)scale_lo, (void)shift, (void)floor, (void)lo, (void)hi, (void)sums;
     (void)block, (void)ids, (void)m;
     return 0.0; /* never called: wide_available() is 0 */
 }

@@ -25,12 +25,12 @@ import numpy as np
 from edgespec.decode import rows
 from edgespec.decode.rows import BLOCK, UNDERFLOW, block_sums
 from edgespec.decode.sampling import SamplingParams
+from edgespec.errors import EdgespecError
 
 SMALL = 4096  # supports up to this many ids are drawn from with one cumsum
 SAMPLE = 4096  # logits the top-p cut is estimated from (a strided sample of the row)
 BAND = 16384  # logits top-p sorts at most around its cut, unless the probes fail to bracket it
 BAND_SIGMAS = 5.0  # a flat row's band around top-p's cut estimated from the sample: this many sampling noises
-OVERFLOW = 88.0  # exp of more is above float32's largest
 DEPTH = 9.2  # log(1e4): top-p's peaked shortcut bounds the weight it does not compute by 1e-4 of the largest
 HEAD = 16  # top-p then tries the logits at or above the sample's HEAD-th largest (~HEAD * stride ids)
 TOP_K_COLUMNS = 64  # top-k's first bound: the k-th largest of the maxima of V / 64 columns of 64 strided logits
@@ -122,7 +122,11 @@ def law(logits: np.ndarray, params: SamplingParams) -> Law:
     if row.dtype != np.float32 and row.dtype != np.float64:
         row = row.astype(np.float32)
     if params.greedy:
-        return OneHot(int(row.argmax()))
+        token = int(row.argmax())  # the first NaN, where the row holds one
+        _check(float(row[token]))
+        return OneHot(token)
+    top, low = rows.extent(row)
+    _check(top)
     n_vocab = row.shape[0]
     if 0 < params.top_k < n_vocab:
         ids = _top_k_ids(row, params.top_k)
@@ -130,11 +134,22 @@ def law(logits: np.ndarray, params: SamplingParams) -> Law:
     if params.min_p > 0 and params.top_p >= 1.0:
         # min-p alone keeps p >= min_p * p_max, logits within T * log(1 / min_p) of the largest: a few ids. The
         # bound is widened a little and the exact test is made on the weights, as the reference makes it.
-        top = row[row.argmax()]
         ids = np.flatnonzero(row >= top + params.temperature * np.log(params.min_p) - 1e-3)
         if len(ids) <= SMALL:  # a flat row keeps most of the vocabulary: weights over it, below
             return _small(ids, row[ids].astype(np.float64), params)
-    return _full(row, params)
+    return _full(row, top, low, params)
+
+
+def _check(top: float) -> None:
+    """Refuse a row whose largest logit (NaN where the row holds one) leaves the law undefined: softmax of a NaN
+    or of +inf is NaN, and a row masked everywhere (-inf) allows no token."""
+    if top == -np.inf:
+        raise EdgespecError("every token's logit is -inf (masked): no token can be sampled; check the grammar or "
+                            "the logit bias")
+    if not top < np.inf:
+        raise EdgespecError(f"the model returned a {'NaN' if top != top else '+inf'} logit: its output is broken "
+                            "(an overflow in a float16 model, or a corrupt file); try another quantization or "
+                            "check the file with `edgespec doctor`")
 
 
 def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
@@ -166,28 +181,26 @@ def _small(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Weigh
     return Weights(ids, e, float(e.sum()))
 
 
-def _full(row: np.ndarray, params: SamplingParams) -> Weights:
+def _full(row: np.ndarray, top: float, low: float, params: SamplingParams) -> Weights:
     """Weights over the whole vocabulary, in the row's float type (or over the few ids top-p keeps), made by the
-    passes of decode/rows.py; then min-p."""
+    passes of decode/rows.py; then min-p. top, low: the row's largest and smallest logit (finite top).
+
+    Every weight is taken relative to the largest logit's, which weighs 1: the others lie in [0, 1], so no sum
+    over the vocabulary (a block's, the total) can overflow, whatever the logits' scale, the temperature or the
+    number of ties at the top. Unshifted weights overflow float32 sums: three tied logits whose weights are
+    1.5e38 each already make an infinite block sum."""
     t = params.temperature
-    top, low = rows.extent(row)
     if params.top_p < 1.0:
         kept = _peaked_nucleus(row, top, t, params.top_p)
         if kept is not None:
             ids, weights = kept
             return _floored(Weights(ids, weights, float(weights.sum())), params.min_p)  # the largest weighs 1
-    # the logit whose weight is 1: none where float32 holds exp(logit / t) for the largest logit, and shifting
-    # would not save small weights from underflow (a shift by a positive largest logit only lowers them)
-    shift = 0.0
-    if row.dtype != np.float32 or top / t > OVERFLOW or (top < 0 and low / t < UNDERFLOW):
-        shift = top
-    floor = shift + UNDERFLOW * t  # float32 logits below weigh less than float32's smallest normal number: 0
+    floor = top + UNDERFLOW * t  # float32 logits below weigh less than float32's smallest normal number: 0
     floor = floor if row.dtype == np.float32 and low < floor else None
-    largest = float(np.exp((top - shift) / t))  # the largest logit's weight
     if params.top_p < 1.0:
-        return _floored(_nucleus(row, shift, t, params.top_p, floor), params.min_p * largest)
-    w, sums = rows.weights(row, t, shift, floor)
-    return _floored(_whole(w, sums), params.min_p * largest)
+        return _floored(_nucleus(row, top, t, params.top_p, floor), params.min_p)
+    w, sums = rows.weights(row, t, top, floor)
+    return _floored(_whole(w, sums), params.min_p)
 
 
 def _whole(w: np.ndarray, sums: np.ndarray | None = None) -> Weights:

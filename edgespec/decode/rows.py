@@ -6,7 +6,7 @@ each step as one or more passes (a multiply, an exp, a mask, a cast, block sums,
 module _rows (built with the package where a compiler is present) makes them as one: on x86-64 with AVX2 and FMA
 (`wide`), the weights, their block sums and top-p's band in a single pass. Both give the same results to float
 rounding (exp within 2 ulp); the numpy passes run where _rows was not built, or for rows that are not
-contiguous float32 (tests/test_rows.py compares them). Rows hold no NaN.
+contiguous float32 (tests/test_rows.py compares them). Rows hold no NaN (laws.law refuses them).
 
 Top-p's band, whichever pass makes it (`band`): for a band of logits [lo, hi] that should hold the cut, w is
 zeroed below lo (never kept if the cut lies in the band), `sums` [ceil(V / BLOCK)] holds each block's weight above
@@ -47,7 +47,7 @@ def kind() -> str:
 
 
 def extent(row: np.ndarray) -> tuple[float, float]:
-    """(largest, smallest) logit of row [V]."""
+    """(largest, smallest) logit of row [V]; largest is NaN where the row holds a NaN."""
     if fused(row):
         return _rows.extent(row)
     return float(row.max()), float(row.min())
@@ -79,24 +79,30 @@ def _blocks(n: int) -> np.ndarray:
     return np.empty(-(-n // BLOCK))
 
 
-def _scaled(temperature: float, shift: float) -> tuple[np.float32, np.float32]:
-    """(scale, offset) of the C passes: the weight is exp(logit * scale - offset), in float32 as numpy's."""
-    return np.float32(1.0 / temperature), np.float32(shift / temperature)
+def _scale(temperature: float, dtype: np.dtype) -> tuple[np.floating, np.floating]:
+    """1 / temperature as two numbers of dtype (hi + lo): float32's rounding of 1 / 0.7 alone would move every
+    weight's exponent by the same 2e-8 relative, a bias that sums over the vocabulary do not average out."""
+    hi = dtype.type(1.0 / temperature)
+    return hi, dtype.type(1.0 / temperature - float(hi))
 
 
 def weights(row: np.ndarray, temperature: float, shift: float, floor: float | None) -> tuple[np.ndarray, np.ndarray]:
     """(w, sums): w [V] = exp((row - shift) / temperature) in row's float type, 0 where row < floor (None: no
-    floor), and its block sums. Weights of logits below floor would be float32 denormals, tens of times slower in
-    every operation that touches them (the reference gives them under 1e-38 of the mass), as -inf logits are."""
+    floor), and its block sums. The difference is taken first: for the logits near shift, the ones that weigh, it
+    is exact or nearly, where row / temperature would round at the row's magnitude (a logit of 1e4 at temperature
+    0.05 is off by 0.01 in the exponent). Weights of logits below floor would be float32 denormals,
+    tens of times slower in every operation that touches them (the reference gives them under 1e-38 of the mass),
+    as -inf logits are."""
     if wide(row):
         w, sums = np.empty_like(row), _blocks(len(row))
-        scale, offset = _scaled(temperature, shift)
-        _rows.weights(row, w, scale, offset, -np.inf if floor is None else floor, -np.inf, -np.inf, 1.0, sums,
-                      BLOCK, None)
+        _rows.weights(row, w, *_scale(temperature, row.dtype), np.float32(shift),
+                      -np.inf if floor is None else floor, -np.inf, -np.inf, 1.0, sums, BLOCK, None)
         return w, sums
-    w = np.multiply(row, row.dtype.type(1.0 / temperature))  # [V]
-    if shift:
-        w -= w.dtype.type(shift / temperature)
+    d = np.subtract(row, row.dtype.type(shift))  # [V]
+    hi, lo = _scale(temperature, row.dtype)
+    w = np.multiply(d, hi)
+    if row.dtype == np.float32:
+        w += d * lo
     if floor is None:
         np.exp(w, out=w)
         return w, block_sums(w)
@@ -120,9 +126,8 @@ def band(row: np.ndarray, temperature: float, shift: float, floor: float | None,
     sums = _blocks(len(row))
     if wide(row):
         w, ids = np.empty_like(row), np.empty(len(row) + 8, dtype=np.int64)  # ids: touched as far as the band
-        scale, offset = _scaled(temperature, shift)
-        total, m = _rows.weights(row, w, scale, offset, -np.inf if floor is None else floor, lo, hi, top_p, sums,
-                                 BLOCK, ids)
+        total, m = _rows.weights(row, w, *_scale(temperature, row.dtype), np.float32(shift),
+                                 -np.inf if floor is None else floor, lo, hi, top_p, sums, BLOCK, ids)
         return w, sums, total, ids[:m]
     w, _ = weights(row, temperature, shift, floor)
     if fused(row, w):
