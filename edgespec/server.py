@@ -28,7 +28,7 @@ from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgespec.api import LONGEST_DRAFT, Engine
 from edgespec.decode.loop import Stats
@@ -61,9 +61,13 @@ class Message(BaseModel):
 
 
 class Sampling(BaseModel):
-    """What both endpoints accept: OpenAI's sampling fields plus edgespec's top_k, min_p and draft_max."""
+    """What both endpoints accept: OpenAI's sampling fields plus edgespec's top_k, min_p and draft_max.
 
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we need not read (user, ...)
+    Numbers and flags are strict, as OpenAI's are: "0.7", true or 2.0 where a number, a flag or a whole number
+    belongs is refused, not read as something else; NaN and Infinity (which Python's JSON parser reads) are refused
+    too. Every refusal is a 400 naming the field (server_errors.py)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # OpenAI clients send fields we need not read
 
     @model_validator(mode="before")
     @classmethod
@@ -72,34 +76,48 @@ class Sampling(BaseModel):
         return check_unicode(data)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0.0, lt=1.0)
-    seed: int | None = None
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float = Field(1.0, ge=0.0, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    top_k: int = Field(0, ge=0, strict=True)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0, strict=True)
+    seed: int | None = Field(None, ge=0, strict=True)  # numpy's generators take no negative seed
     stop: str | list[str] | None = None
-    stream: bool = False
-    n: int = Field(1, ge=1)
-    draft_max: int | None = Field(None, ge=0, le=LONGEST_DRAFT)
+    stream: bool = Field(False, strict=True)
+    n: int = Field(1, ge=1, strict=True)
+    draft_max: int | None = Field(None, ge=0, le=LONGEST_DRAFT, strict=True)
     logprobs: bool | int | None = None
     tools: list | None = None
     response_format: dict | None = None
 
-    def unsupported(self) -> str | None:
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value):
+        """One message for both shapes stop may take (pydantic's would name the first it tried)."""
+        if value is None or isinstance(value, str) or isinstance(value, list) and all(isinstance(s, str)
+                                                                                      for s in value):
+            return value
+        raise ValueError("stop must be a string or a list of strings")
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(the field, why) for a request edgespec cannot serve as asked; None if it can."""
         if self.n != 1:
-            return "n must be 1: edgespec generates one answer per request"
+            return "n", "n must be 1: edgespec generates one answer per request"
         if self.logprobs:
-            return "logprobs are not supported"
+            return "logprobs", "logprobs are not supported"
         if self.tools:
-            return "tools are not supported"
-        kind = (self.response_format or {}).get("type", "text")
+            return "tools", "tools are not supported: send the request without tools"
+        if self.response_format is None:
+            return None
+        kind = self.response_format.get("type")
         if kind not in ("text", "json_object", "json_schema"):
-            return f"response_format {kind!r} is not supported (text, json_object, json_schema)"
-        if kind == "json_schema" and not isinstance((self.response_format.get("json_schema") or {}).get("schema"),
-                                                     dict):
-            return "response_format json_schema needs json_schema.schema, a JSON schema object"
+            return "response_format.type", (f"response_format type {kind!r} is not supported: give type text, "
+                                            "json_object or json_schema")
+        spec = self.response_format.get("json_schema")
+        if kind == "json_schema" and not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
+            return "response_format.json_schema", ("response_format json_schema needs json_schema.schema, a JSON "
+                                                   "schema object")
         return None
 
     def schema(self) -> dict | None:
@@ -215,9 +233,9 @@ def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | No
         admission.leave()
 
     async def complete(request: Request, body: Sampling, prompt, chat: bool):
-        problem = body.unsupported()
+        problem = body.refusal()
         if problem:
-            return error(400, problem)
+            return error(400, problem[1], param=problem[0])
         if not admission.admit():
             return queue_full(admission.admitted, metrics.retry_after())
         deadline = None if request_timeout is None else asyncio.get_running_loop().time() + request_timeout

@@ -82,6 +82,25 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def _param(problem: dict, body) -> str:
+    """The field a validation error is about ("messages.0.content"; "" for the body itself): its location in the
+    body, without the names of the union members pydantic tried, which follow it ("stop.str")."""
+    loc = list(problem.get("loc", ()))
+    path, value = [], body
+    if loc[:1] == ["body"]:
+        del loc[0]
+    for part in loc:
+        if isinstance(value, dict) and part in value or isinstance(value, list) and isinstance(part, int) \
+                and 0 <= part < len(value):
+            path.append(part)
+            value = value[part]
+        else:
+            if problem.get("type") == "missing" and isinstance(value, dict):  # a field the body lacks: name it
+                path.append(part)
+            break
+    return ".".join(str(p) for p in path)
+
+
 def add_error_handlers(app: FastAPI) -> None:
     """Answer bad bodies, unknown endpoints and refused keys in OpenAI's shape instead of FastAPI's."""
 
@@ -90,7 +109,7 @@ def add_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":  # its loc ends in a character offset, not a field
             return error(400, "the request body is not valid JSON")
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        where = _param(first, exc.body)
         if first.get("type") == "lone_surrogate":
             where = first["ctx"]["param"]
         message = first.get("msg", "invalid request")

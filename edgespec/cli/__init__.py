@@ -11,11 +11,23 @@ from edgespec.errors import EdgespecError
 
 
 class _Group(click.Group):
-    """Errors a user can cause print one line (no traceback) and exit 1."""
+    """Errors a user can cause print without a traceback and exit 1, whoever finds them: edgespec (an
+    EdgespecError, one line) or click (a usage error: a bad or missing option or value, after the usage line),
+    which would exit 2 by itself. One status for every mistake a user can make, as the README promises."""
 
-    def invoke(self, ctx):
+    def make_context(self, *args, **kwargs):  # the group's own options: edgespec --bad
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            e.exit_code = 1
+            raise
+
+    def invoke(self, ctx):  # a command's name, options and run
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            e.exit_code = 1
+            raise
         except EdgespecError as e:
             raise click.ClickException(str(e)) from None
 

@@ -9,7 +9,7 @@ import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
 from edgespec.cli.models import print_choice
-from edgespec.cli.options import model_options, plan_options, read_schema, status
+from edgespec.cli.options import Finite, Seed, model_options, plan_options, read_schema, status
 from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with {'cat': ..., 'prompt': ...} per line [default: the built-in set]")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True)
-@click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
+@click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True)
 @click.option("--draft-max", type=click.IntRange(0, LONGEST_DRAFT), default=None,
               help="Fix the speculative draft length [default: chosen from measured costs]")
 @click.option("--also", "also", multiple=True,
@@ -89,7 +89,7 @@ def bench(load_engine, prompts_file, max_tokens, temperature, draft_max, also, c
 @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
               help="Draft: 'auto', a model file/folder, heads, 'ngram' or 'none' (see edgespec chat --help)")
 @plan_options
-@click.option("--acceptance", type=click.FloatRange(0, 1, max_open=True), default=0.7, show_default=True,
+@click.option("--acceptance", type=Finite(0, 1, max_open=True), default=0.7, show_default=True,
               help="Per-token acceptance rate assumed for the speed prediction")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON")
 def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads, acceptance, as_json):
@@ -137,9 +137,9 @@ def profiles(profiles, as_json):
 
 @click.command()
 @model_options
-@click.option("-t", "--temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+@click.option("-t", "--temperature", type=Finite(0, min_open=True), default=1.0, show_default=True,
               help="Sampling temperature of the self-test (the rule is tested on the distributions it makes)")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--draws", type=click.IntRange(1000), default=10000, show_default=True,
               help="Rule runs per tested position")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
@@ -210,8 +210,8 @@ def where_and_cost(placement: dict, costs: dict) -> str:
               help="Built-in calibration prompts per category")
 @click.option("-n", "--max-tokens", type=click.IntRange(2), default=64, show_default=True,
               help="Tokens per answer, in calibration and check")
-@click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True, help="0 = greedy")
+@click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--draft-max", "k_max", type=click.IntRange(1, LONGEST_DRAFT), default=6, show_default=True,
               help="Longest draft length to predict (and check)")
 @click.option("--check", is_flag=True,
@@ -223,7 +223,7 @@ def where_and_cost(placement: dict, costs: dict) -> str:
 @click.option("--check-prompts", "check_file", type=click.Path(exists=True, dir_okay=False),
               help="Held-out prompts for --check from this JSONL instead (e.g. edgespec/data/prompts.jsonl, the "
                    "bench set)")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
 def advise(load_engine, also, prompts_file, per_category, max_tokens, temperature, top_p, k_max, check,
            check_per_category, check_file, seed, as_json):

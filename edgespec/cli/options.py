@@ -4,12 +4,37 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
 from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
+
+
+class Finite(click.FloatRange):
+    """A float option in a range that refuses nan and inf, which click's FloatRange lets through (nan fails no
+    comparison, inf passes a range without an upper bound): an infinite temperature makes every weight nan."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number: give a plain decimal one", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class Seed(click.IntRange):
+    """A seed: a whole number from 0 up, as numpy's generators take."""
+
+    def __init__(self):
+        super().__init__(min=0)
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value} is no seed: give a whole number from 0 up, e.g. 42", param, ctx)
 
 
 def plan_options(f):
@@ -87,12 +112,12 @@ def model_options(f):
 def sampling_options(f):
     for option in reversed([
         click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True),
-        click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+        click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True,
                      help="0 = greedy"),
         click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off"),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
-        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True),
-        click.option("--seed", type=int, default=None, help="Seed of the sampler [default: random]"),
+        click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=Finite(0, 1, max_open=True), default=0.0, show_default=True),
+        click.option("--seed", type=Seed(), default=None, help="Seed of the sampler [default: random]"),
         click.option("--draft-max", type=click.IntRange(0, LONGEST_DRAFT), default=None,
                      help="Fix the draft length (0 = target only) [default: chosen from measured costs]"),
         click.option("--stop", multiple=True, help="Stop string (repeatable)"),

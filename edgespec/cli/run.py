@@ -7,7 +7,7 @@ import json
 import click
 
 from edgespec.cli.models import print_choice
-from edgespec.cli.options import describe, model_options, read_schema, sampling_options, status
+from edgespec.cli.options import Finite, describe, model_options, read_schema, sampling_options, status
 from edgespec.errors import EdgespecError
 
 
@@ -121,7 +121,7 @@ def chat(load_engine, system, **sampling):
               help="Tokens per answer when a request does not say")
 @click.option("--max-queue", type=click.IntRange(1), default=16, show_default=True,
               help="Most requests admitted at once, the one generating included; more get a 429 with Retry-After")
-@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+@click.option("--request-timeout", type=Finite(0, min_open=True), default=600.0, show_default=True,
               help="Seconds a request may take from its arrival, waiting included; past it, a 504")
 def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout):
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).

@@ -7,6 +7,7 @@ import json
 import click
 
 from edgespec.cli.export import export_line
+from edgespec.cli.options import Finite, Seed
 from edgespec.train.eagle import SUBSET_SIZE
 
 
@@ -43,7 +44,7 @@ def corpus_options(f):
     f = click.option("--also-corpus", "also_corpora", multiple=True, type=click.Path(exists=True, file_okay=False),
                      help="A finished corpus of the same target to train on too (repeatable; e.g. its sampled "
                           "answers beside its greedy ones)")(f)
-    return click.option("-t", "--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+    return click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True,
                         help="Sample the corpus's answers at this temperature (prompt i seeded with --seed + i); "
                              "0 = the target's greedy answers")(f)
 
@@ -67,7 +68,7 @@ def corpus_options(f):
               help="Go on training a draft distilled before (its .hf checkpoint folder, written beside its GGUF) "
                    "instead of starting a new one")
 @click.option("--epochs", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-4, show_default=True,
+@click.option("--lr", type=Finite(0, min_open=True), default=3e-4, show_default=True,
               help="Peak learning rate (warm-up, then cosine decay to 0 over the epochs)")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
               help="Longest answer generated per prompt")
@@ -83,7 +84,7 @@ def corpus_options(f):
 @click.option("--quant-aware", is_flag=True,
               help="Train through --quant's rounding (q4_0, q8_0): the layers learn the weights the GGUF will hold. "
                    "With as many --layers as the target: the target's quantization, trained to agree with it")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def distill(target, source, out, prompts_file, only_prompts, corpus, answerer, answer_draft, temperature,
             also_corpora, layers, init, epochs, lr, max_tokens, quant, onnx_out, vocab_size, train_output, quant_aware,
@@ -168,10 +169,10 @@ def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
 @corpus_options
 @click.option("--corpus-only", is_flag=True, help="Build (or finish) the corpus and stop, training nothing")
 @click.option("--epochs", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--lr", type=Finite(0, min_open=True), default=None,
               help="Learning rate [default: 3e-3 medusa, 1e-3 eagle]")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds sampled answers and training")
+@click.option("--seed", type=Seed(), default=0, show_default=True, help="Seeds sampled answers and training")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
 def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, only_prompts, corpus, answerer, answer_draft,
                     temperature, also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):

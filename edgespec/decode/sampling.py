@@ -22,8 +22,10 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise EdgespecError(f"temperature must be >= 0, got {self.temperature}")
+        # nan fails every comparison here, so the range checks refuse it; inf must be refused by name (it would make
+        # every weight nan)
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise EdgespecError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
             raise EdgespecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
