@@ -231,3 +231,24 @@ def test_the_fast_path_is_the_reference_on_any_row(case):
         check(row, params, uniforms)
         greedy = laws.law(row, SamplingParams(0.0))
     assert greedy.token == int(np.argmax(row.astype(np.float64)))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("temperature", [1e-6, 1e-3])
+def test_the_smallest_temperatures(temperature, path):
+    """At the smallest temperatures allowed, ties at the top split the mass (top-p keeps the lowest ids of a tie)
+    and a logit a float32 step or two below them weighs as the reference says."""
+    row = standard(152064) * np.float32(30)
+    row[[10, 5000, 90000]] = row.max() + 1
+    row[11] = np.nextafter(np.nextafter(row[10], np.float32(-np.inf)), np.float32(-np.inf))
+    with on_path(path):
+        law = check(row, SamplingParams(temperature), np.random.default_rng(0).random(25))
+        assert len(set(dense(law, len(row))[[10, 5000, 90000]])) == 1
+        law = check(row, SamplingParams(temperature, top_p=0.5), np.random.default_rng(0).random(25))
+        assert set(np.flatnonzero(dense(law, len(row)))) == {10, 5000}
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 1e-30, 9e-7])
+def test_temperatures_below_the_smallest_are_refused(temperature):
+    with pytest.raises(EdgespecError, match="0 \\(greedy\\) or at least"):
+        SamplingParams(temperature)

@@ -84,6 +84,31 @@ class WideTreeDrafter(Drafter):
                                    params, rng, self.chain.rows.shape[1])
 
 
+class WideHeadDrafter(Drafter):
+    """Chains as Medusa and EAGLE heads draft them (chain_with_siblings one wide: dense float64 draft rows), over
+    the whole vocabulary or over a subset of it (ids: the head's outputs in target ids, as a subset draft's)."""
+
+    name, gated = "wide-head", True
+
+    def __init__(self, chain: WideChain, ids: np.ndarray | None = None):
+        self.chain, self.ids = chain, ids
+
+    def propose(self, context, k, params, rng, gate=None):
+        def row(token):
+            logits = self.chain[[token]][0]
+            return logits if self.ids is None else logits[self.ids]
+
+        tree = chain_with_siblings(row(context[-1]), lambda token, i: row(token), k, 1, params, rng,
+                                   self.chain.rows.shape[1], ids=self.ids, gate=gate)
+        return tree.tokens, tree.probs[:len(tree.tokens)]
+
+
+def subset_of(chain: WideChain) -> np.ndarray:
+    """Ascending ids a subset head covers: the live ids and a third of the rest."""
+    n_vocab = chain.rows.shape[1]
+    return np.union1d(chain.live, np.arange(1, n_vocab, 3))
+
+
 def emitted(chain, target, drafter, params, runs, *, width=1, gated=False, seed=0):
     """The categories of N_TOKENS tokens from the loop, `runs` times, and how many tokens the rounds drafted."""
     draws, drafted, gates = [], 0, np.random.default_rng(seed)
@@ -112,6 +137,9 @@ def pair(n_vocab):
     (49152, SamplingParams(1.0), "lookup", False),
     (49152, SamplingParams(1.0), "lookup", True),
     (49152, SamplingParams(0.9, top_p=0.95), "lookup+model", False),
+    (49152, SamplingParams(0.7, top_p=0.9), "heads", False),
+    (49152, SamplingParams(1.0), "heads-subset", False),
+    (49152, SamplingParams(1.0), "heads-subset", True),
     (49152, SamplingParams(1.0), "tree", False),
     (49152, SamplingParams(1.0), "tree", True),
 ])
@@ -123,6 +151,8 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
                "lookup": lambda: PromptLookupDrafter(n_vocab, min_ngram=1),
                "lookup+model": lambda: Sources(ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab), n_vocab,
                                                min_ngram=1),
+               "heads": lambda: WideHeadDrafter(draft_chain),
+               "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
                "tree": lambda: WideTreeDrafter(draft_chain)}[kind]()
     if broken:
         if kind == "tree":
@@ -130,9 +160,10 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
         else:
             monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     assert chain.rows.dtype == np.float32 and chain.rows.shape[1] == n_vocab
-    # fewer runs where a round costs milliseconds (trees read dense float64 rows; residuals at 152k), enough that
+    # fewer runs where a round costs milliseconds (dense float64 draft rows; residuals at 152k), enough that
     # the wrong rule is caught (the exact one needs none for its false alarm rate)
-    runs = (RUNS * 2 // 3 if broken else RUNS // 3) if kind == "tree" else RUNS * 2 // 3 if n_vocab > 100000 else RUNS
+    slow = kind == "tree" or kind == "heads" and params.top_p < 1  # a dense top-p sort per draft step
+    runs = (RUNS * 2 // 3 if broken else RUNS // 3) if slow else RUNS * 2 // 3 if n_vocab > 100000 else RUNS
     draws, drafted = emitted(chain, target, drafter, params, runs, width=3 if kind == "tree" else 1,
                              gated=kind == "gated")
     p = goodness_of_fit(draws, chain.law(params, int(chain.live[0]), N_TOKENS))

@@ -14,6 +14,11 @@ import numpy as np
 from edgespec.errors import EdgespecError
 
 
+# the smallest temperature above 0: below it 1 / T leaves float32 (under 3e-39) and the logits over T leave float64
+# for logits near float32's largest; far above any that differs from greedy decoding in practice
+MIN_TEMPERATURE = 1e-6
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -26,6 +31,9 @@ class SamplingParams:
         # every weight nan)
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
             raise EdgespecError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise EdgespecError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                                f"{self.temperature}")
         if self.top_k < 0:
             raise EdgespecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
