@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from edgespec.api import LONGEST_DRAFT, Engine
 from edgespec.decode.loop import Stats
+from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
 from edgespec.server_errors import (
     KeyRefusedError,
@@ -90,6 +91,14 @@ class Sampling(BaseModel):
     logprobs: bool | int | None = None
     tools: list | None = None
     response_format: dict | None = None
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value):
+        """SamplingParams' own floor, refused here so that a stream never starts on it."""
+        if 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod

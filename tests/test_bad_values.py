@@ -138,6 +138,7 @@ def test_the_server_serves_good_values(server):
 INF = float("inf")  # sent as Infinity, which Python's JSON parser reads
 BAD = [
     ("temperature", INF, "temperature"), ("temperature", "0.7", "temperature"), ("temperature", True, "temperature"),
+    ("temperature", 1e-9, "temperature"),
     ("top_p", "0.9", "top_p"),
     ("top_k", "3", "top_k"), ("top_k", True, "top_k"),
     ("min_p", "0.1", "min_p"),
