@@ -118,6 +118,8 @@ class Engine:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         if draft_max is not None and not 0 <= draft_max <= LONGEST_DRAFT:
             raise EdgespecError(f"draft max must be between 0 and {LONGEST_DRAFT}, got {draft_max}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise EdgespecError(f"seed must be a whole number from 0 up (or None), got {seed!r}")
         tokens = self.prompt_tokens(prompt, chat=chat)
         constraint = None
         if json_schema is not None:

@@ -169,3 +169,11 @@ def test_a_bad_sampling_field_is_a_400_naming_it_and_generates_nothing(server, p
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert error["param"] == param and error["message"], error
     assert backend.calls == []
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "7", True])
+def test_the_python_api_refuses_a_bad_seed_before_any_work(seed):
+    backend = FakeBackend(deterministic_table({1: 2, 2: 3}, V))
+    with pytest.raises(EdgespecError, match="seed must be a whole number"):
+        Engine(backend, None, controller()).stream("ab", seed=seed, chat=False)
+    assert backend.calls == []
