@@ -66,7 +66,7 @@ def test_the_cli_refuses_a_corpus_beside_itself_before_any_work(default_corpus, 
     assert result.exit_code == 1 and "is the training corpus itself" in result.output
     result = CliRunner().invoke(main, ["train-heads", "--out", str(tmp_path / "h.medusa.npz"),
                                        "--also-corpus", str(tmp_path / "missing")])
-    assert result.exit_code == 2 and "does not exist" in result.output
+    assert result.exit_code == 1 and "does not exist" in result.output
     result = CliRunner().invoke(main, ["train-heads", "--out", str(tmp_path / "h.medusa.npz"), "--corpus-only",
                                        "--also-corpus", str(default_corpus)])
     assert result.exit_code == 1 and "--corpus-only trains nothing" in result.output
