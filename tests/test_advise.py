@@ -1,8 +1,8 @@
 """edgespec advise: the calibration replay follows the loop's own path, the walk's arithmetic, the statistics,
 and the command on the real model (predicted against measured on the same prompts)."""
 
+import functools
 import json
-import time
 
 import numpy as np
 import pytest
@@ -113,25 +113,48 @@ def test_speed_ratio_draft_length_and_advice_follow_the_costs():
     assert advise.recommend({"dear": drafts["dear"]})["x"]["draft"] is None
 
 
-class SlowDraft(FakeBackend):
-    """A draft model whose every token costs 3 ms of wall time."""
+class Clock:
+    """Seconds that pass only in a model's passes (the loop's `clock`): every time the loop takes is exact."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedFake(FakeBackend):
+    """A fake whose pass costs `per_pass` plus `per_token` for each token fed, on `clock`."""
+
+    def __init__(self, table, clock, *, per_pass=0.0, per_token=0.0):
+        super().__init__(table)
+        self.clock, self.per_pass, self.per_token = clock, per_pass, per_token
 
     def forward(self, tokens, n_logits, *, copy=True):  # always a new array
-        time.sleep(0.003 * len(tokens))
+        self.clock.now += self.per_pass + self.per_token * len(tokens)
         return super().forward(tokens, n_logits)
 
 
-def test_costs_scale_to_what_the_loop_spends():
-    """Components timed alone (here: given wrong on purpose, a draft token at 1 ms and a target pass at 1 s) are
-    scaled to what real answers spend on them: drafting costs several ms per token, the fake target next to
-    nothing, and target-only decoding is what its answers took."""
-    target = FakeBackend(table(0))
-    engine = Engine(target, ModelDrafter(SlowDraft(table(0) + table(1)), target.vocab), controller())
-    wrong = advise.Costs({n: 1.0 for n in range(1, 5)}, 0.0, 0.001, 0.0, "given")
+def test_costs_scale_to_what_the_loop_spends(monkeypatch):
+    """Components timed alone (here: given wrong on purpose, a draft token at 1/1024 s and a target pass at 1 s)
+    are scaled to what real answers spend on them. On a clock that moves only in passes (a draft token 1/256 s, a
+    target pass 1/64 s; binary fractions, so every sum is exact), target passes cost what they took, target-only
+    decoding is what its answers took, the loop's own work is nothing, and a drafted token costs one draft token
+    or, where the draft first reads the target's token and its own last draft (a round after one that kept
+    every draft, or a 1-token round), two."""
+    import edgespec.api
+    from edgespec.decode.loop import speculate
+
+    clock = Clock()
+    monkeypatch.setattr(edgespec.api, "speculate", functools.partial(speculate, clock=clock))
+    target = TimedFake(table(0), clock, per_pass=1 / 64)
+    draft = TimedFake(table(0) + table(1), clock, per_token=1 / 256)
+    engine = Engine(target, ModelDrafter(draft, target.vocab), controller())
+    wrong = advise.Costs({n: 1.0 for n in range(1, 5)}, 0.0, 1 / 1024, 0.0, "given")
     costs = advise.in_loop(engine, engine.drafter, wrong, [p["prompt"] for p in PROMPTS], SamplingParams(), 3, 12)
-    assert 0.0025 < costs.draft_per_token < 0.03 and costs.draft_fixed == 0.0
-    assert costs.target[1] < 0.01 and costs.target[4] == pytest.approx(costs.target[1])
-    assert costs.plain is not None and costs.plain < 0.01 and costs.overhead < 0.01
+    assert costs.target == {n: 1 / 64 for n in range(1, 5)} and costs.row == 0.0
+    assert 1 / 256 <= costs.draft_per_token <= 2 / 256 and costs.draft_fixed == 0.0
+    assert costs.plain == 1 / 64 and costs.overhead == 0.0
     assert costs.target_only == costs.plain and costs.round(0, 0) == costs.plain
 
 

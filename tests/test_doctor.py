@@ -10,6 +10,7 @@ from test_verify import without_residual
 
 from edgespec import doctor
 from edgespec.cli import main
+from edgespec.plan.placement import gpu_name
 
 
 @pytest.mark.parametrize("x, df", [(3.0, 1), (10.8, 1), (5.0, 2), (13.8, 2), (20.0, 5), (30.0, 10), (80.0, 40),
@@ -48,12 +49,15 @@ def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     assert report["ok"] and [c["name"] for c in report["checks"]] == ["load", "exactness"]
     assert report["environment"]["llama_cpp"]["devices"]
     assert report["environment"]["row_passes"] in ("avx2", "sse2", "c", "numpy")
-    target = report["placement"]["target"]  # the default model on this machine's CPU, its 30 layers + output
+    target = report["placement"]["target"]  # the default model, its 30 layers + output, where this build puts it
     assert report["placement"]["draft"] is None and target["runtime"] == "llama.cpp" and target["layers"] == 31
+    gpu = gpu_name()  # a CPU build runs it on the CPU; a GPU build on its GPU
+    assert (target["device"], target["gpu_layers"] > 0) == ((gpu, True) if gpu else ("cpu", False))
     passes = report["costs"]["target_pass_ms"]
     assert list(passes) == ["1", "2", "4"] and min(passes.values()) > 0
     assert "draft_step_ms" not in report["costs"]  # prompt lookup costs no model call
     monkeypatch.setattr(doctor, "verify", without_residual)
     result = runner.invoke(main, ["doctor", "--draws", "4000"])
     assert result.exit_code == 1 and "FAIL exactness" in result.output
-    assert "target: llama.cpp on cpu, 0/31 layers on the GPU, a pass over 1/2/4 tokens" in result.output
+    where = f"llama.cpp on {target['device']}, {target['gpu_layers']}/31 layers on the GPU"
+    assert f"target: {where}, a pass over 1/2/4 tokens" in result.output

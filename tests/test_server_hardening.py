@@ -1,8 +1,10 @@
 """The server under bad input and load, in-process on a fake engine: lone surrogates and unparseable bodies are
 400s in OpenAI's error shape, a full queue is a 429 with Retry-After, a request past its time limit is stopped
 with a 504 (or a stream's last event), and /metrics counts what happened. Blocking fakes fill the queue and
-hold the engine, so nothing here depends on how fast the machine is."""
+hold the engine, and time limits fall when a test moves the server's clock past them, so nothing here depends on
+how fast the machine is."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -54,17 +56,61 @@ class GatedFake(Utf8Fake):
         return super().forward(tokens, n_logits, **options)
 
 
+LIMIT = 60.0  # a request's time limit in the tests that reach it: they skip the server's clock past it
+
+
+class LoopClock:
+    """The clock of the served app's event loop (which times requests' limits): the machine's monotonic time
+    plus whatever a test skips. A limit falls when the test moves the clock past it, never because a busy
+    machine was slow to serve the tokens before it."""
+
+    def __init__(self):
+        self.skipped = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def new_loop(self) -> asyncio.AbstractEventLoop:
+        clock = self
+
+        class Loop(asyncio.SelectorEventLoop):
+            def time(self):
+                return super().time() + clock.skipped
+
+        self.loop = Loop()
+        return self.loop
+
+    def skip(self, seconds: float) -> None:
+        """Move the loop's clock on (from the test's thread), in the loop's own turn: what it was given before
+        (tokens handed over by the engine's thread) it has taken in by then."""
+        moved = threading.Event()
+
+        def move():
+            self.skipped += seconds
+            moved.set()
+
+        self.loop.call_soon_threadsafe(move)
+        assert moved.wait(timeout=60), "the server's event loop is stuck"
+
+
 @contextmanager
-def served(backend, drafter=None, **options):
+def served(backend, drafter=None, clock=None, **options):
     """(raw HTTP client, openai client) for the app on an engine over `backend`, served by uvicorn on loopback
-    in this process. Clients time out, and the server runs on a daemon thread, so a server that never answers
-    fails its test instead of hanging it. A gated backend is opened on the way out, so its thread ends."""
+    in this process, on an event loop that reads `clock` (a LoopClock). Clients time out, and the server runs on
+    a daemon thread, so a server that never answers fails its test instead of hanging it. A gated backend is
+    opened on the way out, so its thread ends."""
     app = create_app(Engine(backend, drafter, controller()), **options)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    # idle connections stay open however far a test skips the clock
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1,
+                                           timeout_keep_alive=3600))
+    clock = clock or LoopClock()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+
+    def run():
+        with asyncio.Runner(loop_factory=clock.new_loop) as runner:
+            runner.run(server.serve(sockets=[sock]))
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
         until(lambda: server.started)
@@ -182,15 +228,22 @@ def test_a_full_queue_is_a_429_with_retry_after_and_the_queued_are_served():
 
 
 def test_a_request_past_its_time_limit_is_stopped_with_a_504():
-    backend = GatedFake(free=1)
-    with served(backend, request_timeout=1.0) as (http, client):
-        with pytest.raises(openai.InternalServerError) as late:
-            client.chat.completions.create(model="any", messages=PROMPT, max_tokens=50)
-        assert late.value.status_code == 504 and late.value.body["code"] == "request_timeout"
+    backend, clock = GatedFake(free=1), LoopClock()  # the prefill passes, the first token waits
+    pool = ThreadPoolExecutor(2)
+    with served(backend, clock=clock, request_timeout=LIMIT) as (http, client):
+        late = pool.submit(client.chat.completions.create, model="any", messages=PROMPT, max_tokens=50)
+        assert backend.blocked.wait(timeout=60)
+        clock.skip(LIMIT)
+        with pytest.raises(openai.InternalServerError) as stopped:
+            late.result(timeout=60)
+        assert stopped.value.status_code == 504 and stopped.value.body["code"] == "request_timeout"
         assert scrape(http)["edgespec_requests_in_flight"] == 1  # its thread waits in forward until the gate opens
-        with pytest.raises(openai.InternalServerError) as waited:  # the time spent queued counts too
-            client.completions.create(model="any", prompt="abcd", max_tokens=4)
-        assert waited.value.status_code == 504
+        waited = pool.submit(client.completions.create, model="any", prompt="abcd", max_tokens=4)
+        until(lambda: scrape(http)["edgespec_queue_depth"] == 1)
+        clock.skip(LIMIT)  # the time spent queued counts too
+        with pytest.raises(openai.InternalServerError) as queued:
+            waited.result(timeout=60)
+        assert queued.value.status_code == 504
         backend.gate.set()
         until(lambda: not http.get("/health").json()["busy"])
         assert http.get("/health").json()["last_finish_reason"] == "cancelled"  # stopped, not run to 50 tokens
@@ -199,23 +252,31 @@ def test_a_request_past_its_time_limit_is_stopped_with_a_504():
         assert metrics['edgespec_requests_total{status="504"}'] == 2
         r = client.chat.completions.create(model="any", messages=PROMPT, max_tokens=4)
         assert r.choices[0].message.content == "bcde"  # the engine serves the next request from its own prompt
+    pool.shutdown(wait=False)  # not waited for when the server failed the test: its requests may never end
 
 
 def test_a_stream_past_its_time_limit_ends_with_an_error_event():
-    backend = GatedFake(free=3)  # the prefill and two tokens pass, the third waits
+    backend, clock = GatedFake(free=3), LoopClock()  # the prefill and two tokens pass, the third waits
     body = {"messages": PROMPT, "max_tokens": 50, "stream": True}
-    with served(backend, request_timeout=1.0) as (http, _):
-        with http.stream("POST", "/v1/chat/completions", json=body) as r:
-            assert r.status_code == 200
-            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
+    pool = ThreadPoolExecutor(1)
+    with served(backend, clock=clock, request_timeout=LIMIT) as (http, _):
+        def read():
+            with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                return r.status_code, [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+        answer = pool.submit(read)
+        assert backend.blocked.wait(timeout=60)  # two tokens handed over, the third pass waiting
+        clock.skip(LIMIT)
+        status, events = answer.result(timeout=60)
+        assert status == 200 and events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert error["code"] == "request_timeout" and error["type"] == "timeout_error"
         text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-2])
-        assert text == "bc"
+        assert text == "bc"  # the tokens before the limit, exactly
         backend.gate.set()
         until(lambda: not http.get("/health").json()["busy"])
         assert http.get("/health").json()["last_finish_reason"] == "cancelled"
+    pool.shutdown(wait=False)
 
 
 def test_metrics_count_statuses_tokens_and_drafts():
