@@ -252,3 +252,32 @@ def test_the_smallest_temperatures(temperature, path):
 def test_temperatures_below_the_smallest_are_refused(temperature):
     with pytest.raises(EdgespecError, match="0 \\(greedy\\) or at least"):
         SamplingParams(temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_row_without_a_law_ends_its_chain_and_a_target_row_stops_generation(temperature):
+    """A draft costs speed, never the answer: a NaN in the draft's row ends the chain it was drafting, and the
+    text is the one target-only decoding gives. A NaN in the target's row is an error that names it."""
+    from fake import FakeBackend, deterministic_table
+
+    from edgespec.decode.cost import DraftController
+    from edgespec.decode.loop import Stats, speculate
+    from edgespec.drafts.base import ModelDrafter
+
+    chain = {1: 2, 2: 3, 3: 4, 4: 1}
+    target_table = deterministic_table(chain, 6)
+    draft_table = target_table.copy()
+    draft_table[3, 2] = np.nan  # the draft's row after token 3
+    target = FakeBackend(target_table)
+
+    def tokens(drafter, table=None):
+        events = speculate(FakeBackend(target_table if table is None else table), drafter,
+                           DraftController({n: 1.0 for n in range(1, 9)}, 0.01, 4), [1], SamplingParams(temperature),
+                           np.random.default_rng(0), max_tokens=12, draft_max=4, stats=Stats())
+        return [e.token for e in events if e.token is not None]
+
+    assert tokens(ModelDrafter(FakeBackend(draft_table), target.vocab)) == tokens(None)
+    broken = target_table.copy()
+    broken[2, 4] = np.nan
+    with pytest.raises(EdgespecError, match="NaN"):
+        tokens(None, broken)

@@ -140,14 +140,18 @@ def law(logits: np.ndarray, params: SamplingParams) -> Law:
     return _full(row, top, low, params)
 
 
+class NoLaw(EdgespecError):
+    """A row of logits without a distribution: a NaN or +inf logit, or every logit -inf."""
+
+
 def _check(top: float) -> None:
     """Refuse a row whose largest logit (NaN where the row holds one) leaves the law undefined: softmax of a NaN
     or of +inf is NaN, and a row masked everywhere (-inf) allows no token."""
     if top == -np.inf:
-        raise EdgespecError("every token's logit is -inf (masked): no token can be sampled; check the grammar or "
+        raise NoLaw("every token's logit is -inf (masked): no token can be sampled; check the grammar or "
                             "the logit bias")
     if not top < np.inf:
-        raise EdgespecError(f"the model returned a {'NaN' if top != top else '+inf'} logit: its output is broken "
+        raise NoLaw(f"the model returned a {'NaN' if top != top else '+inf'} logit: its output is broken "
                             "(an overflow in a float16 model, or a corrupt file); try another quantization or "
                             "check the file with `edgespec doctor`")
 

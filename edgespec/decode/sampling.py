@@ -13,7 +13,6 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-
 # the smallest temperature above 0: below it 1 / T leaves float32 (under 3e-39) and the logits over T leave float64
 # for logits near float32's largest; far above any that differs from greedy decoding in practice
 MIN_TEMPERATURE = 1e-6

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
 from edgespec.decode.cost import DraftController
-from edgespec.decode.laws import Law, law
+from edgespec.decode.laws import Law, NoLaw, law
 from edgespec.decode.sampling import SamplingParams, candidates, to_probs
 from edgespec.drafts.ngram import NgramIndex
 
@@ -191,7 +191,10 @@ class ModelDrafter(Drafter):
         while True:
             if constraint is not None:  # the grammar's mask before sampling, as the loop does for the target
                 logits = np.where(constraint.allowed(), logits, -np.inf)
-            row_law = law(logits, params)
+            try:
+                row_law = law(logits, params)
+            except NoLaw:  # the draft's row allows no token (its grammar's mask, a NaN): the chain ends here
+                break
             token = draw(row_law, rng)
             if gate is not None and not gate.keep(confidence(logits)):
                 break
