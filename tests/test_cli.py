@@ -133,7 +133,7 @@ def test_training_commands_refuse_bad_outputs_before_any_work(runner, tmp_path):
     for command in (["distill", "--out", str(tmp_path / "d.gguf")],
                     ["train-heads", "--out", str(tmp_path / "h.medusa.npz")]):
         result = runner.invoke(main, [*command, "--only-prompts"])
-        assert result.exit_code == 2 and "--only-prompts needs --prompts" in result.output
+        assert result.exit_code == 1 and "--only-prompts needs --prompts" in result.output
     assert not any(tmp_path.iterdir())  # nothing written
 
 

@@ -311,4 +311,4 @@ def test_serve_passes_the_queue_and_time_limit_options_on(monkeypatch):
     assert result.exit_code == 0, result.output
     assert (served_with["max_queue"], served_with["request_timeout"]) == (3, 2.5)
     result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--max-queue", "0"])
-    assert result.exit_code == 2 and "--max-queue" in result.output
+    assert result.exit_code == 1 and "--max-queue" in result.output
