@@ -1,11 +1,14 @@
 """`edgespec doctor`: what this device has, whether a pair loads, where its models run and what their steps cost,
 and an exactness self-test of the rule.
 
-The self-test checks the verification rule where it runs: for the loaded pair, at a few positions of a
-real text, it takes the target's processed distribution p (the loop's own to_probs: temperature, top-k,
-top-p and min-p applied) and the draft's q at the same position, runs the rule on many fresh draft
-samples, and tests the emitted tokens against p (chi-square; outcomes expected fewer than 5 times are
-pooled). The guarantee is about that processed target distribution: quantization, a grammar or the
+The self-test checks the rule generation runs, where it runs: for the loaded pair, at a few positions of a
+real text, it hands the target's rows of logits (float32, the loaded target's vocabulary) and the draft's row at
+the same position to the loop's own code: decode/laws.py makes their laws through the row passes of this build
+(the C module's AVX2, SSE2 or portable passes, or numpy), the draft's law draws the proposals and decode/rule.py
+judges them, many times. The emitted tokens are tested against the reference: the target's processed
+distribution p computed in float64 by sampling.to_probs (chi-square; outcomes expected fewer than 5 times are
+pooled). It runs at the temperature and top-p asked for and at FILTERS (top-p, top-k with min-p, a high
+temperature). The guarantee is about that processed target distribution: quantization, a grammar or the
 sampling parameters change p itself, and the rule returns whatever p is. Drafts without a distribution
 of their own (prompt lookup, heads) are stood in for by the target's row one position earlier: a real,
 mismatched distribution, which is what the rule must correct.
@@ -22,12 +25,16 @@ from collections import Counter
 import numpy as np
 
 from edgespec import __version__
+from edgespec.decode import rows
 from edgespec.decode.cost import measure_pass_costs
-from edgespec.decode.sampling import SamplingParams, sample, to_probs
-from edgespec.decode.verify import verify
+from edgespec.decode.laws import law
+from edgespec.decode.rule import Rows, verify
+from edgespec.decode.sampling import SamplingParams, to_probs
 
 ALPHA = 1e-3  # a correct rule fails the self-test at this rate
 POSITIONS = (6, 14, 30)  # where in the text the rule is tested
+# filters tested besides the ones asked for, at the first position: each takes other paths of laws.py
+FILTERS = (SamplingParams(0.7, top_p=0.95), SamplingParams(0.7, top_k=40, min_p=0.05), SamplingParams(1.5))
 TEXT = ("The robot moved forward two meters, turned left, and picked up the red cup from the kitchen table. "
         "Then it placed the cup on the shelf next to the books and returned to its charging station.")
 
@@ -60,41 +67,57 @@ def goodness_of_fit(draws: list[int], law: np.ndarray) -> tuple[float, int]:
     return chi2_sf(x, len(obs) - 1), len(obs) - 1
 
 
-def rule_selftest(target_probs: np.ndarray, draft_probs: np.ndarray, rng: np.random.Generator, draws: int,
-                  rule=None) -> dict:
-    """Run `rule` (default: the loop's verify) on one drafted token `draws` times: target_probs [2, V] (this
-    position and the next), draft_probs [V]; the emitted first tokens against target_probs[0]."""
-    rule = rule or verify
+def rule_selftest(target_logits: np.ndarray, draft_logits: np.ndarray, params: SamplingParams,
+                  rng: np.random.Generator, draws: int) -> dict:
+    """Run the loop's rule on one drafted token `draws` times: target_logits [2, V] (this position and the next,
+    as the target hands them over), draft_logits [V]; the proposals drawn from the draft's law as a draft model
+    draws them. The emitted first tokens are tested against the float64 reference of target_logits[0]."""
+    target, draft = Rows(target_logits, params), law(draft_logits, params)
+    n_vocab = target_logits.shape[1]
     emitted = []
     for _ in range(draws):
-        token = sample(draft_probs, rng)
-        n_acc, sampled = rule(target_probs, draft_probs[None], np.array([token]), rng)
+        token = draft.sample(rng)
+        n_acc, sampled = verify(target, [draft], [token], n_vocab, rng)
         emitted.append(token if n_acc == 1 else sampled)
-    p, df = goodness_of_fit(emitted, target_probs[0])
-    accept = float(np.minimum(target_probs[0], draft_probs).sum())  # exact acceptance probability here
+    p_ref = to_probs(target_logits[0], params)  # [V], float64
+    p, df = goodness_of_fit(emitted, p_ref)
+    accept = float(np.minimum(p_ref, to_probs(draft_logits, params)).sum())  # exact acceptance probability here
     return {"p_value": p, "df": df, "acceptance": round(accept, 4), "draws": draws, "ok": p >= ALPHA}
 
 
-def exactness(engine, params: SamplingParams, draws: int = 10000, seed: int = 0, rule=None) -> dict:
-    """The self-test on a loaded engine at POSITIONS of TEXT; see the module docstring."""
+def describe(params: SamplingParams) -> str:
+    """params as the CLI's options say them."""
+    parts = [f"t={params.temperature:g}"]
+    parts += [f"top-k={params.top_k}"] if params.top_k else []
+    parts += [f"top-p={params.top_p:g}"] if params.top_p < 1 else []
+    parts += [f"min-p={params.min_p:g}"] if params.min_p else []
+    return " ".join(parts)
+
+
+def exactness(engine, params: SamplingParams, draws: int = 10000, seed: int = 0) -> dict:
+    """The self-test on a loaded engine: params at POSITIONS of TEXT, each of FILTERS at the first; see the
+    module docstring."""
     from edgespec.backends.protocol import sync
 
     tokens = engine.target.tokenize(TEXT, special=False)
     rng = np.random.default_rng(seed)
     draft = engine.draft_backend
-    results = []
-    for pos in POSITIONS:
-        rows = to_probs(sync(engine.target, tokens[:pos + 2], 3), params)  # [3, V]: pos-1, pos, pos+1
-        if draft is not None:
-            q = to_probs(sync(draft, tokens[:pos + 1], 1), params)[0]
-        else:
-            q = rows[0]  # the target's previous row stands in for a draft distribution
-        results.append({"position": pos, **rule_selftest(rows[1:], q, rng, draws, rule)})
+    cases = [(params, pos) for pos in POSITIONS] + [(f, POSITIONS[0]) for f in FILTERS if f != params]
+    results, dtype = [], None
+    for case, pos in cases:
+        logits = np.array(sync(engine.target, tokens[:pos + 2], 3))  # [3, V]: pos-1, pos, pos+1, as handed over
+        dtype = logits.dtype
+        q = np.array(sync(draft, tokens[:pos + 1], 1))[0] if draft is not None else logits[0]
+        results.append({"position": pos, "sampling": describe(case),
+                        **rule_selftest(logits[1:], q, case, rng, draws)})
     engine.target.rollback(0)
     if draft is not None:
         draft.rollback(0)
+    path = (f"decode/rule.py on decode/laws.py, row passes {rows.kind()}, {dtype} rows of "
+            f"{engine.target.vocab.n_vocab:,} ids")
     return {"draft": "draft model" if draft is not None else "stand-in (the target one position back)",
-            "temperature": params.temperature, "positions": results, "ok": all(r["ok"] for r in results)}
+            "path": path, "temperature": params.temperature, "positions": results,
+            "ok": all(r["ok"] for r in results)}
 
 
 def environment() -> dict:
@@ -144,7 +167,7 @@ def step_costs(engine) -> dict:
     return costs
 
 
-def run_doctor(load_engine, params: SamplingParams, draws: int = 10000, rule=None) -> dict:
+def run_doctor(load_engine, params: SamplingParams, draws: int = 10000) -> dict:
     """Environment, a load of the pair (timed), where its models run and what their steps cost, and the
     self-test; "ok" is False if a check failed."""
     report = {"environment": environment(), "checks": []}
@@ -161,12 +184,14 @@ def run_doctor(load_engine, params: SamplingParams, draws: int = 10000, rule=Non
         report["checks"].append({"name": "load", "ok": True, "detail": f"target {engine.target.name}, draft "
                                  f"{draft}, {time.perf_counter() - t:.1f} s"})
         report["placement"], report["costs"] = engine.placement(), step_costs(engine)
-        result = exactness(engine, params, draws, rule=rule)
+        result = exactness(engine, params, draws)
         worst = min(r["p_value"] for r in result["positions"])
         report["checks"].append({"name": "exactness", "ok": result["ok"], "detail": result,
-                                 "summary": f"rule vs processed target distribution at {len(POSITIONS)} "
-                                            f"positions, {draws} draws each: smallest p-value {worst:.3g} "
-                                            f"(fails below {ALPHA})"})
+                                 "summary": f"the loop's rule ({result['path']}) vs the float64 processed "
+                                            f"target distribution, {len(result['positions'])} cases "
+                                            f"({describe(params)} at {len(POSITIONS)} positions, then "
+                                            f"{', '.join(describe(f) for f in FILTERS if f != params)}), {draws} "
+                                            f"draws each: smallest p-value {worst:.3g} (fails below {ALPHA})"})
     finally:
         engine.close()
     report["ok"] = all(c["ok"] for c in report["checks"])

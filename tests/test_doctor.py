@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy import stats
-from test_verify import without_residual
+from test_verify import target_instead_of_residual
 
 from edgespec import doctor
 from edgespec.cli import main
+from edgespec.decode import rule
+from edgespec.decode.sampling import SamplingParams
 from edgespec.plan.placement import gpu_name
 
 
@@ -20,14 +22,18 @@ def test_chi2_tail_matches_scipy_where_it_decides(x, df):
     assert doctor.chi2_sf(x, df) == pytest.approx(exact, rel=0.1 if df > 2 else 1e-9)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.95)])
 @pytest.mark.parametrize("broken", [False, True])
-def test_self_test_passes_the_rule_and_fails_a_broken_one(broken):
+def test_self_test_passes_the_rule_and_fails_a_broken_one(monkeypatch, broken, params):
+    """The self-test runs the loop's rule on float32 rows of a real vocabulary, as a target hands them over, and
+    catches a rule that draws from the target's law instead of the residual."""
     rng = np.random.default_rng(0)
-    target = rng.dirichlet(np.full(40, 0.3), size=2)  # [2, V]
-    draft = rng.dirichlet(np.full(40, 0.3))  # [V], far from the target's row
-    result = doctor.rule_selftest(target, draft, np.random.default_rng(1), 20000,
-                                  rule=without_residual if broken else None)
-    assert result["ok"] != broken and (result["p_value"] < doctor.ALPHA) == broken
+    logits = rng.standard_normal((3, 49152)).astype(np.float32)  # [3, V]: the draft's row, then the target's two
+    logits[:, rng.choice(49152, 30, replace=False)] += rng.uniform(4, 9, size=(3, 30)).astype(np.float32)
+    if broken:
+        monkeypatch.setattr(rule, "residual", target_instead_of_residual)
+    result = doctor.rule_selftest(logits[1:], logits[0], params, np.random.default_rng(1), 20000)
+    assert result["ok"] != broken and (result["p_value"] < doctor.ALPHA) == broken, result
 
 
 def test_step_costs_are_the_ones_the_controller_measured_at_load():
@@ -56,7 +62,12 @@ def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     passes = report["costs"]["target_pass_ms"]
     assert list(passes) == ["1", "2", "4"] and min(passes.values()) > 0
     assert "draft_step_ms" not in report["costs"]  # prompt lookup costs no model call
-    monkeypatch.setattr(doctor, "verify", without_residual)
+    exactness = report["checks"][1]["detail"]  # the path generation runs, at several filters
+    assert exactness["path"] == (f"decode/rule.py on decode/laws.py, row passes {report['environment']['row_passes']}"
+                                 ", float32 rows of 49,152 ids")
+    assert [case["sampling"] for case in exactness["positions"]] == ["t=1"] * 3 + [
+        "t=0.7 top-p=0.95", "t=0.7 top-k=40 min-p=0.05", "t=1.5"]
+    monkeypatch.setattr(rule, "residual", target_instead_of_residual)
     result = runner.invoke(main, ["doctor", "--draws", "4000"])
     assert result.exit_code == 1 and "FAIL exactness" in result.output
     where = f"llama.cpp on {target['device']}, {target['gpu_layers']}/31 layers on the GPU"
