@@ -74,6 +74,8 @@ def refused(args, work, words):
     (["generate", "hi", "--min-p", "nan"], "nan is not a finite number"),
     (["chat", "-t", "inf"], "inf is not a finite number"),
     (["bench", "-t", "inf"], "inf is not a finite number"),
+    (["generate", "hi", "-t", "1e-9"], "below the smallest temperature"),
+    (["doctor", "-t", "1e-300"], "below the smallest temperature"),
     (["doctor", "--top-p", "nan"], "nan is not a finite number"),
     (["advise", "-t", "nan"], "nan is not a finite number"),
     (["plan", "--acceptance", "nan"], "nan is not a finite number"),

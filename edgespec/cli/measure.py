@@ -9,7 +9,7 @@ import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
 from edgespec.cli.models import print_choice
-from edgespec.cli.options import Finite, Seed, model_options, plan_options, read_schema, status
+from edgespec.cli.options import Finite, Seed, Temperature, model_options, plan_options, read_schema, status
 from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with {'cat': ..., 'prompt': ...} per line [default: the built-in set]")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True)
-@click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True)
+@click.option("-t", "--temperature", type=Temperature(), default=0.0, show_default=True)
 @click.option("--draft-max", type=click.IntRange(0, LONGEST_DRAFT), default=None,
               help="Fix the speculative draft length [default: chosen from measured costs]")
 @click.option("--also", "also", multiple=True,
@@ -137,7 +137,7 @@ def profiles(profiles, as_json):
 
 @click.command()
 @model_options
-@click.option("-t", "--temperature", type=Finite(0, min_open=True), default=1.0, show_default=True,
+@click.option("-t", "--temperature", type=Temperature(greedy=False), default=1.0, show_default=True,
               help="Sampling temperature of the self-test (the rule is tested on the distributions it makes)")
 @click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--draws", type=click.IntRange(1000), default=10000, show_default=True,
@@ -210,7 +210,7 @@ def where_and_cost(placement: dict, costs: dict) -> str:
               help="Built-in calibration prompts per category")
 @click.option("-n", "--max-tokens", type=click.IntRange(2), default=64, show_default=True,
               help="Tokens per answer, in calibration and check")
-@click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True, help="0 = greedy")
+@click.option("-t", "--temperature", type=Temperature(), default=0.0, show_default=True, help="0 = greedy")
 @click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--draft-max", "k_max", type=click.IntRange(1, LONGEST_DRAFT), default=6, show_default=True,
               help="Longest draft length to predict (and check)")

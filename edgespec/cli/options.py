@@ -9,6 +9,7 @@ import math
 import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
+from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
 
@@ -22,6 +23,19 @@ class Finite(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value} is not a finite number: give a plain decimal one", param, ctx)
         return super().convert(number, param, ctx)
+
+
+class Temperature(Finite):
+    """A sampling temperature: 0 (greedy) or from SamplingParams' floor up, refused before any model loads."""
+
+    def __init__(self, greedy: bool = True):
+        super().__init__(0, min_open=not greedy)
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if 0 < number < MIN_TEMPERATURE:
+            self.fail(f"{value} is below the smallest temperature, {MIN_TEMPERATURE:g} (0 = greedy)", param, ctx)
+        return number
 
 
 class Seed(click.IntRange):
@@ -112,7 +126,7 @@ def model_options(f):
 def sampling_options(f):
     for option in reversed([
         click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True),
-        click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True,
+        click.option("-t", "--temperature", type=Temperature(), default=0.0, show_default=True,
                      help="0 = greedy"),
         click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off"),
         click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True),

@@ -7,7 +7,7 @@ import json
 import click
 
 from edgespec.cli.export import export_line
-from edgespec.cli.options import Finite, Seed
+from edgespec.cli.options import Finite, Seed, Temperature
 from edgespec.train.eagle import SUBSET_SIZE
 
 
@@ -44,7 +44,7 @@ def corpus_options(f):
     f = click.option("--also-corpus", "also_corpora", multiple=True, type=click.Path(exists=True, file_okay=False),
                      help="A finished corpus of the same target to train on too (repeatable; e.g. its sampled "
                           "answers beside its greedy ones)")(f)
-    return click.option("-t", "--temperature", type=Finite(0), default=0.0, show_default=True,
+    return click.option("-t", "--temperature", type=Temperature(), default=0.0, show_default=True,
                         help="Sample the corpus's answers at this temperature (prompt i seeded with --seed + i); "
                              "0 = the target's greedy answers")(f)
 
