@@ -1,70 +1,129 @@
-"""What a draft model costs where the controller declines it: probing and catching up, before and after.
+"""What a draft the controller declines costs: target-only, an idle draft model and prompt lookup, side by side.
 
-A declined draft still probes now and then (a round of 1 after enough idle rounds), and before a probe it reads
-every token it missed. Three ways to decode the same prompts with one loaded pair, interleaved per prompt:
-target-only (draft_max 0); `eager`, the rule before (a probe every 32 idle rounds, the prompt read at prefill
-always); `lazy`, the rule now (probes that bring nothing back wait twice as long, up to PROBE_MAX; the prompt
-read at prefill only where the controller would draft). Each way keeps its own copy of the controller, as
-measured at load. Prints decode and total (prefill included) tokens/s, the time the draft took, and rounds
-drafted, and the ratios to target-only.
+One target backend is shared by three engines: no drafter (target-only), the draft model with the controller
+measured at load (`model`), prompt lookup with a controller of its own (`lookup`). Each built-in prompt is answered
+by all three in an order that rotates per prompt, so the machine's load hits them alike: the same prompts, seeds
+and token count for each. Per way: decode tokens/s; its ratio to target-only per repetition (median and range);
+the same ratio in the process's CPU time (`cpu x`: the work done, which other processes on a shared machine
+inflate less; prefill included); rounds drafted; and where the decode time went: the target's verify passes with
+the rule (`target s`), the draft (`draft s`), and the rest of the loop per round (`other us`: the controller, the
+drafter's bookkeeping, the text).
 
-usage: python experiments/declined_draft.py --target target-f32.gguf --draft f32-own-12l.gguf [--max-tokens 128]
+Before that, `--raw` one-token target passes (as target-only decoding runs them) are timed with no draft model in
+the process and with one loaded beside the target just after it ran, interleaved per repetition: what a loaded
+draft costs the target's own passes (threads, memory), apart from anything the loop does with it.
+
+usage: python experiments/declined_draft.py --target r2l.gguf --draft draft.gguf [-t 0] [--max-tokens 128]
+       [--prompts 3] [--reps 3] [--raw 200] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import statistics
+import time
 from collections import defaultdict
 
-from edgespec.decode import cost
+WAYS = ("target-only", "model", "lookup")
 
-PROBE_MAX = cost.PROBE_MAX  # the rule now; `eager` sets cost.PROBE_MAX to PROBE_EVERY for its rounds
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
+
+
+def raw_passes(target: str, draft: str, n: int, reps: int, threads: int) -> dict[str, list[float]]:
+    """Seconds per one-token target pass, per repetition, without and with a draft model loaded (and just run)."""
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.decode.cost import measure_pass_costs
+
+    backend = LlamaBackend(target, n_ctx=1024, n_threads=threads)
+    tokens = [(i * 7919 + 13) % backend.vocab.n_vocab for i in range(n + 1)]
+
+    def passes() -> float:
+        backend.rollback(0)
+        backend.forward(tokens[:1], 1)
+        t0 = time.perf_counter()
+        for tok in tokens[1:]:
+            backend.forward([tok], 1, copy=False)
+        return (time.perf_counter() - t0) / n
+
+    out: dict[str, list[float]] = {"alone": [], "draft loaded": []}
+    for _ in range(reps):
+        out["alone"].append(passes())
+        beside = LlamaBackend(draft, n_ctx=1024, n_threads=threads)
+        measure_pass_costs(beside, 4)  # as load runs it: its threads have just worked
+        out["draft loaded"].append(passes())
+        beside.close()
+    backend.close()
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
+    parser.add_argument("-t", "--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--every", type=int, default=1, help="every n-th built-in prompt")
+    parser.add_argument("--prompts", type=int, default=3, help="the first n built-in prompts")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--raw", type=int, default=200, help="one-token passes per raw timing (0: none)")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
-    from edgespec.api import load
+    from edgespec import api
     from edgespec.bench import read_prompts
+    from edgespec.decode.cost import DraftController
+    from edgespec.drafts.base import PromptLookupDrafter
 
-    engine = load(args.target, args.draft, n_ctx=1024)
-    ways = ["target-only", "eager", "lazy"]
-    controllers = {way: copy.deepcopy(engine.controller) for way in ways}
-    controllers["eager"].begin = lambda prompt_tokens: True  # the prompt read at prefill always
-    prompts = [row["prompt"] for row in read_prompts(None)][::args.every]
+    if args.raw:
+        raw = raw_passes(args.target, args.draft, args.raw, args.reps, args.threads)
+        print(f"raw one-token target passes, ms ({args.raw} a timing, {args.reps} timings each, interleaved):")
+        for name, times in raw.items():
+            print(f"  {name:13s} {spread([t * 1e3 for t in times])}")
+        ratios = [a / b for a, b in zip(raw["alone"], raw["draft loaded"], strict=True)]
+        print(f"  alone / draft loaded (speed with the draft loaded, x alone): {spread(ratios)}")
+
+    engine = api.load(args.target, args.draft, n_ctx=1024, threads=args.threads)
+    target = engine.target
+    lookup = DraftController(dict(engine.controller.target_costs), 0.0, engine.controller.k_max)
+    engines = {"target-only": api.Engine(target, None, None), "model": engine,
+               "lookup": api.Engine(target, PromptLookupDrafter(target.vocab.n_vocab), lookup)}
+    prompts = [row["prompt"] for row in read_prompts(None)][:args.prompts]
     engine.generate(prompts[0], max_tokens=16, draft_max=0)  # warm up
-    totals = defaultdict(lambda: defaultdict(float))
-    for i, prompt in enumerate(prompts):
-        for way in ways[i % 3:] + ways[:i % 3]:
-            engine.controller = controllers[way]
-            cost.PROBE_MAX = cost.PROBE_EVERY if way == "eager" else PROBE_MAX
-            result = engine.generate(prompt, max_tokens=args.max_tokens, draft_max=0 if way == "target-only"
-                                     else None)
-            s, t = result.stats, totals[way]
-            t["tokens"] += s.generated
-            t["decode_s"] += s.decode_s
-            t["total_s"] += s.decode_s + s.prefill_s
-            t["draft_s"] += s.draft_s
-            t["rounds_drafted"] += sum(n for k, n in s.draft_lengths.items() if k)
-            t["rounds"] += sum(s.draft_lengths.values())
-    cost.PROBE_MAX = PROBE_MAX
+    sums = defaultdict(lambda: defaultdict(float))  # (rep, way) -> sums over the rep's prompts
+    turn = 0
+    for rep in range(args.reps):
+        for i, prompt in enumerate(prompts):
+            for way in WAYS[turn % 3:] + WAYS[:turn % 3]:
+                cpu = time.process_time()
+                s = engines[way].generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature,
+                                          seed=i).stats
+                t = sums[rep, way]
+                t["cpu_s"] += time.process_time() - cpu
+                t["tokens"] += s.produced
+                t["passes"] += s.target_passes
+                t["decode_s"] += s.decode_s
+                t["target_s"] += s.target_s
+                t["draft_s"] += s.draft_s
+                t["drafted"] += sum(n for k, n in s.draft_lengths.items() if k)
+            turn += 1
     engine.close()
-    base = totals["target-only"]
-    print(f"target {args.target}, draft {args.draft}, {len(prompts)} prompts, {args.max_tokens} tokens")
-    print(f"{'':12}{'decode tok/s':>14}{'total tok/s':>13}{'draft s':>9}{'drafted':>9}{'decode ratio':>14}"
-          f"{'total ratio':>13}")
-    for way in ways:
-        t = totals[way]
-        decode, total = t["tokens"] / t["decode_s"], t["tokens"] / t["total_s"]
-        print(f"{way:12}{decode:>14.1f}{total:>13.1f}{t['draft_s']:>9.2f}{int(t['rounds_drafted']):>5}/"
-              f"{int(t['rounds']):<4}{decode / (base['tokens'] / base['decode_s']):>13.3f}"
-              f"{total / (base['tokens'] / base['total_s']):>13.3f}")
+
+    print(f"\ntarget {args.target}, draft {args.draft}, t={args.temperature}, {len(prompts)} prompts x "
+          f"{args.max_tokens} tokens, {args.reps} repetitions, {args.threads} thread(s), ways interleaved")
+    print(f"{'way':12s}{'tok/s':>8s}{'x target-only: median (range)':>32s}{'cpu x: median (range)':>26s}"
+          f"{'passes':>8s}{'drafted':>8s}{'target s':>10s}{'draft s':>9s}{'other us':>9s}")
+    for way in WAYS:
+        reps = [sums[rep, way] for rep in range(args.reps)]
+        base = [sums[rep, "target-only"] for rep in range(args.reps)]
+        pairs = list(zip(reps, base, strict=True))
+        ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"]) for r, b in pairs]
+        cpu = [(r["tokens"] / r["cpu_s"]) / (b["tokens"] / b["cpu_s"]) for r, b in pairs]
+        total = {key: sum(r[key] for r in reps) for key in reps[0]}
+        other = (total["decode_s"] - total["target_s"] - total["draft_s"]) / total["passes"]
+        print(f"{way:12s}{total['tokens'] / total['decode_s']:8.1f}{spread(ratios):>32s}{spread(cpu):>26s}"
+              f"{total['passes'] / args.reps:8.0f}{total['drafted'] / args.reps:8.0f}"
+              f"{total['target_s'] / args.reps:10.3f}{total['draft_s'] / args.reps:9.4f}{other * 1e6:9.1f}")
 
 
 if __name__ == "__main__":
