@@ -3,7 +3,8 @@ import pytest
 from fake import FakeBackend, make_vocab, random_table
 
 from edgespec.backends.protocol import Vocab, check_compatible, common_prefix, sync
-from edgespec.drafts.base import ModelDrafter
+from edgespec.decode.cost import DraftController
+from edgespec.drafts.base import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.drafts.ngram import lookup
 from edgespec.errors import EdgespecError
 
@@ -25,6 +26,22 @@ def test_lookup_without_match_or_budget_proposes_nothing():
 
 def test_lookup_proposal_is_cut_at_the_end_of_the_context():
     assert lookup(np.array([7, 8, 7]), 5, 3, 1) == [8, 7]
+
+
+def test_lookup_offers_what_it_found_and_nothing_where_that_does_not_pay():
+    """The controller prices the length it chooses; where lookup found fewer tokens it offers those, or none where
+    that many are slower than the target alone (here a 2-token pass costs 2.5 one-token passes)."""
+    costs = {1: 1.0, 2: 2.5, **{n: 2.5 + 0.1 * (n - 2) for n in range(3, 10)}}
+    sure = DraftController(costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)  # every guess is kept
+    assert sure.choose() == 8
+    four, one = [3, 4, 5, 9, 3, 4, 5], [6, 5, 5]  # lookup finds [9, 3, 4, 5] and [5]
+    first = LookupFirstDrafter(ModelDrafter(FakeBackend(random_table(np.random.default_rng(0), 16))), 16, min_ngram=1)
+    first.lookup_controller = DraftController(sure.target_costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)
+    for drafter in (PromptLookupDrafter(16), first):  # in front of a draft model, lookup's own controller decides
+        assert drafter.lookup_length(four, sure, 8) == 4  # 5 tokens for 2.8 passes
+        assert drafter.lookup_length(one, sure, 8) == 0  # 2 tokens for 2.5 passes: the target alone is faster
+        assert drafter.lookup_length(one, sure, 8, fixed=True) == 8  # a length the caller fixed is the caller's
+        assert drafter.propose(four, 8, None, None)[0] == [9, 3, 4, 5]
 
 
 def test_common_prefix_and_sync_reuse_the_cache():

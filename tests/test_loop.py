@@ -398,6 +398,59 @@ def test_a_declined_draft_model_reads_the_text_only_when_it_probes():
     assert draft.calls[0] == (len(prompt) - 1, 0)  # at prefill
 
 
+class AheadBackend(FakeBackend):
+    """A FakeBackend that can start a one-row pass before the caller needs it (llama.cpp on a GPU): its calls log
+    such a pass as ("ahead", tokens, rows)."""
+
+    def prefetch(self, tokens):
+        self.ahead = self.forward(tokens, 1)
+        self.calls[-1] = ("ahead", *self.calls[-1])
+        return True
+
+    def collect(self):
+        return self.ahead
+
+
+class AskedController(DraftController):
+    """Counts the rounds it is asked to choose for; learns nothing from the fake's microsecond timings, which would
+    rewrite its costs."""
+
+    asked = 0
+
+    def choose(self):
+        self.asked += 1
+        return super().choose()
+
+    def observe(self, *args, **kwargs):
+        pass
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "t=1"])
+def test_a_declined_draft_leaves_the_target_as_target_only_decoding(params):
+    """A draft the controller declines costs the target nothing: the same passes as target-only decoding, each but
+    the first started before the token before it is handed out; a draft model gets no call (no keeping up with the
+    text) and the controller chooses once a round for it; the output is the same."""
+    costs = {1: 1.0, **{n: 1.05 * n for n in range(2, 17)}}  # a pass of n tokens dearer than n passes: nothing pays
+    table = random_table(np.random.default_rng(3), V, sharpness=2.0)
+    table[:, EOS] = -30.0  # no early end
+    runs = {}
+    for way in ("target-only", "model", "lookup"):
+        target = AheadBackend(table, n_ctx=1024)
+        draft = FakeBackend(table, n_ctx=1024)
+        drafter = {"target-only": None, "model": ModelDrafter(draft, target.vocab), "lookup": PromptLookupDrafter(V)}
+        declining = AskedController(dict(costs), draft_cost=0.0 if way == "lookup" else 0.1, k_max=4)
+        stats = Stats()
+        events = list(speculate(target, drafter[way], declining if drafter[way] else None, [1, 2, 3], params,
+                                np.random.default_rng(0), max_tokens=60, stats=stats))
+        runs[way] = (tokens_of(events), target.calls, draft.calls, declining.asked, stats)
+    base_tokens, base_calls, _, _, base_stats = runs["target-only"]
+    assert len(base_tokens) == 60 and sum(call[0] == "ahead" for call in base_calls) == base_stats.target_passes - 1
+    for way in ("model", "lookup"):
+        tokens, calls, draft_calls, asked, stats = runs[way]
+        assert stats.drafted == 0 and tokens == base_tokens and calls == base_calls
+        assert draft_calls == [] and asked == (stats.target_passes if way == "model" else 0)  # lookup: what it found
+
+
 def test_draft_with_a_short_context_reads_a_window_and_changes_nothing_in_the_output():
     rng = np.random.default_rng(5)
     table = random_table(rng, V, sharpness=4.0)

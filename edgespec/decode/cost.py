@@ -137,6 +137,7 @@ class DraftController:
     _last_kept: bool = field(default=True, repr=False)
     # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds
     _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
 
     def __post_init__(self):
         self._cost_prior = (self.draft_start, self.draft_cost)  # what the fit is drawn towards: as measured at load
@@ -226,8 +227,7 @@ class DraftController:
     def could_pay(self) -> bool:
         """Would some draft length beat target-only decoding if every draft were accepted? If not, the
         draft is too slow for this target and probing its acceptance is pure cost."""
-        base = 1.0 / self.target_costs[1]
-        return any((k + 1) / (self.drafting_cost(k) + self.pass_cost(k)) > base for k in range(1, self.k_max + 1))
+        return self.target_costs[1] > self._survey()[2]
 
     def saving(self, k: int) -> float:
         """Seconds a round of k drafts is expected to save over target-only decoding of the tokens it brings."""
@@ -235,7 +235,51 @@ class DraftController:
 
     def best_k(self) -> int:
         """The draft length with the most expected tokens per second, as acceptance and costs stand."""
-        return max(range(self.k_max + 1), key=self.predicted_rate)
+        return self.best_up_to(self.k_max)
+
+    def best_up_to(self, n: int) -> int:
+        """The draft length of at most n with the most expected tokens per second (0: target-only): for a drafter
+        that has no more than n drafts to offer (prompt lookup)."""
+        c1 = self.target_costs[1]
+        if n < self.k_max and all(c1 * (k + 1) <= self.drafting_cost(k) + self.pass_cost(k) for k in range(1, n + 1)):
+            return 0  # not even n drafts all kept would beat the target alone: acceptance need not be weighed
+        best, holds, _ = self._survey()
+        if n < best:
+            best = min(range(1, n + 1), key=holds.__getitem__, default=0)  # the shortest of equally fast ones
+        return best if best and c1 > holds[best] else 0
+
+    def _survey(self) -> tuple[int, list[float], float]:
+        """What choosing a length reads, but for the one-token pass cost c1 (target_costs[1]): the best length
+        k >= 1; per length k (holds[k]; holds[0] is inf) the c1 up to which target-only decoding is at least as
+        fast as k drafts a round (1 / k's predicted_rate); and the c1 over which some length would beat it if every
+        draft were kept (could_pay).
+
+        The loop chooses every round, the rounds a draft sits out included, where choosing must cost next to
+        nothing; yet such a round teaches the controller c1 alone. So the survey is kept until a method moves
+        something else it read (observe of a drafting round or of a pass longer than one token, observe_shadow,
+        set_prior, begin) or acceptance is set from outside, and a round a draft model sits out compares c1 with
+        two numbers. Made every round, it cost 12-25 us a round in a decode (a pass leaves the caches cold),
+        1-2 % of a 1 ms target pass (experiments/declined_draft.py, docs/results/2026-11-26-declined-draft.md).
+        Costs (draft_cost, draft_start, k_max, width) are set at construction and then only by observe."""
+        key = (self.accepted, self.rejected)
+        if self._surveyed is not None and self._surveyed[0] == key:
+            return self._surveyed[1]
+        first = self._after(self.after_kept if self._last_kept else self.after_rejected)
+        kept = self._after(self.after_kept)
+        best, holds, pay = 0, [float("inf")], float("inf")  # k_max 0: nothing drafts, nothing pays
+        tokens, gain = 1.0, first  # expected(k) = 1 + first * (1 + kept + ... + kept^(k-1)), summed as k grows
+        for k in range(1, self.k_max + 1):
+            spent = self.draft_start + k * self.draft_cost + self.pass_cost(k)
+            tokens += gain
+            gain *= kept
+            holds.append(spent / tokens)
+            if holds[k] < holds[best]:  # the fastest k (the shortest of equally fast ones, as max() picks)
+                best = k
+            pay = min(pay, spent / (k + 1))
+        survey = (best, holds, pay)
+        if max(self.target_costs) > 1:  # else pass_cost scales c1 itself: made again every time
+            self._surveyed = (key, survey)
+        return survey
 
     def drafting(self) -> bool:
         """Would the next round draft (no probe counted)?"""
@@ -246,6 +290,7 @@ class DraftController:
         PRIOR_WEIGHT rounds; every new text returns the estimate part way to it (begin)."""
         self.prior = (PRIOR_WEIGHT * agreement, PRIOR_WEIGHT * (1 - agreement))
         self.accepted, self.rejected = self.prior
+        self._surveyed = None
 
     def begin(self, prompt_tokens: int) -> bool:
         """A new text, whose prompt the draft has not read: should it read it now, at prefill? Only where the next
@@ -259,6 +304,7 @@ class DraftController:
             self.accepted = NEW_TEXT_KEEP * self.accepted + (1 - NEW_TEXT_KEEP) * self.prior[0]
             self.rejected = NEW_TEXT_KEEP * self.rejected + (1 - NEW_TEXT_KEEP) * self.prior[1]
             self._idle_rounds, self._probe_every, self._last_kept = 0, PROBE_EVERY, True
+            self._surveyed = None
         k = self.best_k()
         read = k > 0 and self.read_cost * prompt_tokens <= REPAY_ROUNDS * self.saving(k)
         self._unread = 0 if read else prompt_tokens
@@ -275,12 +321,13 @@ class DraftController:
         of the time declined, whatever the spacing. A free draft scored in the rounds it does not draft
         (observe_shadow) is never probed either: the scores are the evidence a probe would bring."""
         self._probing = False
-        k = self.best_k()
-        if k > 0 and self.read_cost * self._unread <= REPAY_ROUNDS * self.saving(k):
+        k, holds, pay = self._survey()
+        c1 = self.target_costs[1]
+        if k and c1 > holds[k] and self.read_cost * self._unread <= REPAY_ROUNDS * self.saving(k):
             self._idle_rounds, self._unread, self._probe_every = 0, 0, PROBE_EVERY
             return k
         self._unread += 1
-        if not self.could_pay() or self.read_cost > PROBE_READ_MAX * self.target_costs[1]:
+        if c1 <= pay or self.read_cost > PROBE_READ_MAX * c1:
             self._idle_rounds = 0
             return 0
         self._idle_rounds += 1
@@ -297,6 +344,7 @@ class DraftController:
         self.rejected = DECAY * self.rejected + 1.0 - p_accept
         self._judged(p_accept)
         self._idle_rounds = 0
+        self._surveyed = None
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
                 pass_tokens: int | None = None, draft_steps: int | None = None) -> None:
@@ -308,6 +356,8 @@ class DraftController:
         n = pass_tokens if pass_tokens is not None else n_drafted + 1
         old = self.target_costs.get(n, target_s)
         self.target_costs[n] = (1 - EMA) * old + EMA * target_s
+        if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
+            self._surveyed = None
         if n_drafted:
             self._fit_cost(draft_steps or n_drafted, draft_s)
             self.accepted = DECAY * self.accepted + n_accepted

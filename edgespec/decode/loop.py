@@ -159,10 +159,11 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     text = TextStream(stop)
     trees = tree_width > 1 and constraint is None and drafter is not None and drafter.trees and target.trees
     gated = gate and draft_max is None and not trees and drafter is not None and drafter.gated
-    # target-only decoding knows each pass's token before it hands the token out: a backend that can start the
-    # pass then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn
-    start_next = target.prefetch if drafter is None or draft_max == 0 else None
+    # a round of length 0 knows its pass's token before it hands the token out: a backend that can start the pass
+    # then (llama.cpp on a GPU) computes while the text, the stats and the consumer take their turn. So the next
+    # round's length is chosen first, and a round the controller declines starts ahead as target-only's do
     started = False  # the next round's pass is under way
+    k_next = None  # the next round's length, where it was chosen before this round's tokens were handed out
 
     t_start = clock()
     if drafter is not None:  # a drafter that follows the target's states starts without one
@@ -182,14 +183,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             if room <= 0:
                 stats.finish_reason = "context"
                 break
-            k = 0
-            if drafter is not None:
-                k = controller.choose() if draft_max is None else draft_max
-                if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
-                    k = controller.k_max
-                k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
-                k = min(k, room - 1, max_tokens - stats.generated - 1)
-
+            k = k_next if k_next is not None else _length(drafter, controller, committed, draft_max, gated, room,
+                                                          max_tokens - stats.generated)
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
                 t = clock()
                 drafter.catch_up(committed)
@@ -237,10 +232,14 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                         guess_law = rule.as_laws(guess_probs, 1)[0]
                         controller.observe_shadow(rule.acceptance(target_laws[0], guess_law, guess[0]))
 
-            started = start_next is not None and token not in eog and stats.generated + n_acc + 1 < max_tokens \
-                and len(committed) + n_acc + 1 < target.n_ctx and start_next([token])
-            for i, tok in enumerate([*drafts[:n_acc], token]):
-                committed.append(tok)
+            kept = [*drafts[:n_acc], token]
+            committed.extend(kept)  # what the next round's length is chosen for; generation may end inside it
+            left = max_tokens - stats.generated - len(kept)
+            k_next, started = None, False
+            if left > 0 and len(committed) < target.n_ctx and eog.isdisjoint(kept):  # another round follows
+                k_next = _length(drafter, controller, committed, draft_max, gated, target.n_ctx - len(committed), left)
+                started = k_next == 0 and target.prefetch([token])
+            for i, tok in enumerate(kept):
                 if constraint is not None:
                     constraint.consume(tok)
                 if tok in eog:
@@ -263,6 +262,24 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
         stats.decode_s = decode_base + clock() - t_decode
+
+
+def _length(drafter, controller, committed, draft_max, gated, room, left):
+    """The draft length of the round after `committed` (0: the target alone), with `room` cells of context free and
+    `left` tokens still to generate. Asked once a round, at the end of the round before where one came (its tokens
+    not handed out yet), so that a round of length 0 can start its pass first."""
+    if drafter is None:
+        return 0
+    if draft_max is not None:
+        k = draft_max
+    elif drafter.free:  # scored every round, never probed, nothing to read: what it offers decides (lookup_length)
+        k = controller.k_max
+    else:
+        k = controller.choose()
+        if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
+            k = controller.k_max
+    k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
+    return min(k, room - 1, left - 1)
 
 
 def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None, clock=time.perf_counter,

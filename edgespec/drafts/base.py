@@ -29,8 +29,9 @@ class Drafter:
     - propose_tree, where `trees`: candidates per depth as a DraftTree, verified in one pass (heads);
     - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
     - observe_target, after each verify pass: the target's state that produced the committed token (heads);
-    - lookup_length: the next round's length where prompt lookup runs in front of it (LookupFirstDrafter).
-    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft), gated
+    - lookup_length: the next round's length, from the loop's choice (a free drafter's: from what it offers).
+    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft, and its
+    lookup_length weighs what it offers with the controller, given the longest allowed), gated
     (knows how sure it is: drafts under the controller's DraftGate), grammar_aware (drafts under a grammar's mask:
     propose takes constraint=), last_free (its last proposal was prompt lookup's, taught to lookup_controller)."""
 
@@ -62,7 +63,8 @@ class Drafter:
         """After a verify pass: the target's state at `position` produced the committed token (heads read it)."""
 
     def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
-        """The next round's length, given the loop's choice k."""
+        """The next round's length, given the loop's choice k (fixed: the caller's draft_max; for a free drafter
+        otherwise the controller's k_max, the longest it may choose)."""
         return k
 
 
@@ -223,13 +225,34 @@ class PromptLookupDrafter(Drafter):
         self.name = "ngram"
         self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
         self._index = NgramIndex(max_ngram, min_ngram)
+        self._match: tuple = (None, -1, [])  # (context, its length, what lookup found there): one search a round
+
+    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
+        """The best length the controller sees among what lookup found (up to k): a length priced without asking
+        what lookup has can be a shorter match verified at a loss (a 2-layer model at greedy repeats one token,
+        lookup finds 1 where 8 were priced, and a 2-token pass cost 2.5x a 1-token pass: 0.70-0.76x target-only;
+        docs/results/2026-11-26-declined-draft.md). Where nothing was found the controller is not asked."""
+        if fixed:
+            return k
+        return controller.best_up_to(len(self._lookup(context, k)))
+
+    def _lookup(self, context: list[int], k: int) -> list[int]:
+        """Up to k tokens lookup proposes after `context`. The loop asks twice a round (length, then the proposal
+        or the guess it scores) about one list that only grows between resets: that list at that length is the
+        same text."""
+        text, length, found = self._match
+        if text is not context or length != len(context) or k > MAX_DRAFT:
+            found = self._index.lookup(context, max(k, MAX_DRAFT))
+            self._match = (context, len(context), found)
+        return found[:k]
 
     def propose(self, context, k, params, rng):
         """Tokens with probability 1 each: no law."""
-        return self._index.lookup(context, k), None
+        return self._lookup(context, k), None
 
     def reset(self) -> None:
         """Before a generation (another text)."""
+        self._match = (None, -1, [])
         self._index.reset()
 
 
@@ -260,7 +283,9 @@ class LookupFirstDrafter(Drafter):
             self.lookup_controller = DraftController(controller.target_costs, 0.0, controller.k_max)
         if fixed or not self._lookup(context, 1):
             return k
-        return self.lookup_controller.choose()
+        k = self.lookup_controller.choose()
+        found = len(self._lookup(context, k))  # a shorter match may not pay (PromptLookupDrafter.lookup_length)
+        return k if found == k else self.lookup_controller.best_up_to(found)
 
     def _lookup(self, context, k: int) -> list[int]:
         """Up to k tokens lookup proposes after `context`. The loop asks three times a round (length, catching up,
