@@ -258,8 +258,9 @@ class DraftController:
         nothing; yet such a round teaches the controller c1 alone. So the survey is kept until a method moves
         something else it read (observe of a drafting round or of a pass longer than one token, observe_shadow,
         set_prior, begin) or acceptance is set from outside, and a round a draft model sits out compares c1 with
-        two numbers. Made every round, it cost 12-25 us a round in a decode (a pass leaves the caches cold),
-        1-2 % of a 1 ms target pass (experiments/declined_draft.py, docs/results/2026-11-26-declined-draft.md).
+        two numbers. Made every round (predicted_rate for every length, could_pay's terms), choosing cost 10 us
+        warm and 20-30 us in a decode, whose passes leave the caches cold: 2-3 % of a 1 ms target pass
+        (experiments/declined_draft.py, docs/results/2026-11-26-declined-draft.md).
         Costs (draft_cost, draft_start, k_max, width) are set at construction and then only by observe."""
         key = (self.accepted, self.rejected)
         if self._surveyed is not None and self._surveyed[0] == key:

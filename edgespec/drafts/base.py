@@ -230,7 +230,7 @@ class PromptLookupDrafter(Drafter):
     def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
         """The best length the controller sees among what lookup found (up to k): a length priced without asking
         what lookup has can be a shorter match verified at a loss (a 2-layer model at greedy repeats one token,
-        lookup finds 1 where 8 were priced, and a 2-token pass cost 2.5x a 1-token pass: 0.70-0.76x target-only;
+        lookup finds 1 where 8 were priced, and a 2-token pass cost 2.5x a 1-token pass: 0.70-0.81x target-only;
         docs/results/2026-11-26-declined-draft.md). Where nothing was found the controller is not asked."""
         if fixed:
             return k
