@@ -24,24 +24,30 @@ def test_lookup_without_match_or_budget_proposes_nothing():
     assert lookup(np.array([5]), 3, 3, 1) == []
 
 
-def test_lookup_proposal_is_cut_at_the_end_of_the_context():
-    assert lookup(np.array([7, 8, 7]), 5, 3, 1) == [8, 7]
+def test_lookup_repeats_a_period_that_reaches_the_end_of_the_context():
+    """What followed a match that overlaps the suffix is the suffix's own continuation: the period repeats."""
+    assert lookup(np.array([7, 8, 7]), 5, 3, 1) == [8, 7, 8, 7, 8]
+    assert lookup(np.array([4, 5, 5, 5]), 6, 3, 1) == [5] * 6  # a model repeating one token
+    assert lookup(np.array([1, 2, 3, 9, 1, 2, 3]), 6, 3, 1) == [9, 1, 2, 3, 9, 1]
 
 
 def test_lookup_offers_what_it_found_and_nothing_where_that_does_not_pay():
-    """The controller prices the length it chooses; where lookup found fewer tokens it offers those, or none where
-    that many are slower than the target alone (here a 2-token pass costs 2.5 one-token passes)."""
+    """The controller prices the length it chooses, up to what lookup found (k: a match always gives k, repeating
+    its period), or none where no length is faster than the target alone; nothing where lookup found nothing."""
     costs = {1: 1.0, 2: 2.5, **{n: 2.5 + 0.1 * (n - 2) for n in range(3, 10)}}
     sure = DraftController(costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)  # every guess is kept
     assert sure.choose() == 8
-    four, one = [3, 4, 5, 9, 3, 4, 5], [6, 5, 5]  # lookup finds [9, 3, 4, 5] and [5]
+    slow = DraftController({n: 1.2 * n for n in range(1, 10)}, 0.0, k_max=8, accepted=100.0, rejected=0.01)
+    found, none = [3, 4, 5, 9, 3, 4, 5], [1, 2, 3]  # lookup finds [9, 3, 4, 5, 9, ...] and nothing
     first = LookupFirstDrafter(ModelDrafter(FakeBackend(random_table(np.random.default_rng(0), 16))), 16, min_ngram=1)
-    first.lookup_controller = DraftController(sure.target_costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)
     for drafter in (PromptLookupDrafter(16), first):  # in front of a draft model, lookup's own controller decides
-        assert drafter.lookup_length(four, sure, 8) == 4  # 5 tokens for 2.8 passes
-        assert drafter.lookup_length(one, sure, 8) == 0  # 2 tokens for 2.5 passes: the target alone is faster
-        assert drafter.lookup_length(one, sure, 8, fixed=True) == 8  # a length the caller fixed is the caller's
-        assert drafter.propose(four, 8, None, None)[0] == [9, 3, 4, 5]
+        for controller, k in ((sure, 8), (slow, 0)):  # a pass of n tokens costs 1.2 n: no length pays
+            first.lookup_controller = DraftController(controller.target_costs, 0.0, k_max=8, accepted=100.0,
+                                                      rejected=0.01)
+            assert drafter.lookup_length(found, controller, 8) == k
+        assert drafter.lookup_length(found, slow, 8, fixed=True) == 8  # a length the caller fixed is the caller's
+        assert drafter.lookup_length(none, sure, 8) == (0 if drafter.free else 8)  # the inner drafter's k
+        assert drafter.propose(found, 6, None, None)[0] == [9, 3, 4, 5, 9, 3]
 
 
 def test_common_prefix_and_sync_reuse_the_cache():

@@ -1,5 +1,10 @@
 """Prompt lookup's search: the tokens that followed the latest earlier occurrence of the context's last n-gram.
 
+Where that occurrence overlaps the suffix (text repeating itself with a period shorter than k), what followed it
+runs into the suffix and ends with the context; the guess it makes then applies to itself, so the proposal goes on
+repeating the period (a model caught in a loop of one token or one line; the last match alone would offer one
+token a round there).
+
 `lookup` is the reference, a scan of the whole context per call. `NgramIndex` answers the same question from a
 table of every n-gram's latest start, updated with the tokens appended since the last call: a few dictionary
 operations a token instead of a pass over the whole context every round.
@@ -21,9 +26,18 @@ def lookup(context: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[
         windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [n_ctx - n, n]
         starts = np.nonzero((windows == context[-n:]).all(axis=1))[0]
         if len(starts):
-            follow = starts[-1] + n
-            return context[follow:follow + k].tolist()
+            return continuation(context.tolist(), starts[-1] + n, k)
     return []
+
+
+def continuation(tokens: Sequence[int], follow: int, k: int) -> list[int]:
+    """k tokens from tokens[follow:], the text that followed a match, repeated with period len - follow where it
+    reaches the end (token i is token i - period once tokens run out)."""
+    out = list(tokens[follow:follow + k])
+    period = len(tokens) - follow
+    while len(out) < k:
+        out.append(out[len(out) - period])
+    return out
 
 
 class NgramIndex:
@@ -66,5 +80,5 @@ class NgramIndex:
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = self._starts[n].get(tuple(tokens[len(tokens) - n:]))
             if start is not None:
-                return tokens[start + n:start + n + k]
+                return continuation(tokens, start + n, k)
         return []
