@@ -98,23 +98,21 @@ def weights(row: np.ndarray, temperature: float, shift: float, floor: float | No
         _rows.weights(row, w, *_scale(temperature, row.dtype), np.float32(shift),
                       -np.inf if floor is None else floor, -np.inf, -np.inf, 1.0, sums, BLOCK, None)
         return w, sums
-    d = np.subtract(row, row.dtype.type(shift))  # [V]
+    d = np.subtract(row, row.dtype.type(shift))  # [V], <= 0
+    if floor is not None:  # logits below the floor (masked ones: -inf) made finite, zeroed below: -inf * lo is
+        np.maximum(d, row.dtype.type(floor - shift), out=d)  # nan where lo < 0, and nan * 0 stays nan
     hi, lo = _scale(temperature, row.dtype)
     w = np.multiply(d, hi)
     if row.dtype == np.float32:
         w += d * lo
+    np.exp(w, out=w)
     if floor is None:
-        np.exp(w, out=w)
         return w, block_sums(w)
-    # a few such logits (a masked token) are zeroed by index; many (a flat row at a low temperature) by clamping
-    # and a mask
+    # a few such logits (a masked token) are zeroed by index; many (a flat row at a low temperature) by a mask
     deep = below(row, floor)
     if len(deep) <= FEW:
-        np.exp(w, out=w)
         w[deep] = 0
     else:
-        np.maximum(w, UNDERFLOW, out=w)
-        np.exp(w, out=w)
         w *= row >= floor
     return w, block_sums(w)
 
