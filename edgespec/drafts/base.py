@@ -225,34 +225,21 @@ class PromptLookupDrafter(Drafter):
         self.name = "ngram"
         self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
         self._index = NgramIndex(max_ngram, min_ngram)
-        self._match: tuple = (None, -1, [])  # (context, its length, what lookup found there): one search a round
 
     def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
         """The best length the controller sees among what lookup found (up to k): a length priced without asking
-        what lookup has can be a shorter match verified at a loss (a 2-layer model at greedy repeats one token,
-        lookup finds 1 where 8 were priced, and a 2-token pass cost 2.5x a 1-token pass: 0.70-0.81x target-only;
-        docs/results/2026-11-26-declined-draft.md). Where nothing was found the controller is not asked."""
+        what lookup has can be a shorter match verified at a loss (docs/results/2026-11-26-declined-draft.md).
+        Where nothing was found the controller is not asked."""
         if fixed:
             return k
-        return controller.best_up_to(len(self._lookup(context, k)))
-
-    def _lookup(self, context: list[int], k: int) -> list[int]:
-        """Up to k tokens lookup proposes after `context`. The loop asks twice a round (length, then the proposal
-        or the guess it scores) about one list that only grows between resets: that list at that length is the
-        same text."""
-        text, length, found = self._match
-        if text is not context or length != len(context) or k > MAX_DRAFT:
-            found = self._index.lookup(context, max(k, MAX_DRAFT))
-            self._match = (context, len(context), found)
-        return found[:k]
+        return controller.best_up_to(len(self._index.lookup(context, k)))
 
     def propose(self, context, k, params, rng):
         """Tokens with probability 1 each: no law."""
-        return self._lookup(context, k), None
+        return self._index.lookup(context, k), None
 
     def reset(self) -> None:
         """Before a generation (another text)."""
-        self._match = (None, -1, [])
         self._index.reset()
 
 
@@ -274,35 +261,27 @@ class LookupFirstDrafter(Drafter):
         self.last_free = False  # the last proposal came from lookup
         self.lookup_controller: DraftController | None = None  # made from the loop's controller on first use
         self._index = NgramIndex(max_ngram, min_ngram)
-        self._match: tuple[int, list[int]] = (-1, [])  # (context length, what lookup found there): one search a round
 
     def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
         """The draft length of the next round: where lookup has a match, what its own controller chooses
         (unless the length is fixed); elsewhere k, the loop's choice for the inner drafter."""
         if self.lookup_controller is None or self.lookup_controller.target_costs is not controller.target_costs:
             self.lookup_controller = DraftController(controller.target_costs, 0.0, controller.k_max)
-        if fixed or not self._lookup(context, 1):
+        if fixed or not self._index.lookup(context, 1):
             return k
         k = self.lookup_controller.choose()
-        found = len(self._lookup(context, k))  # a shorter match may not pay (PromptLookupDrafter.lookup_length)
+        found = len(self._index.lookup(context, k))  # a shorter match may not pay (PromptLookupDrafter.lookup_length)
         return k if found == k else self.lookup_controller.best_up_to(found)
-
-    def _lookup(self, context, k: int) -> list[int]:
-        """Up to k tokens lookup proposes after `context`. The loop asks three times a round (length, catching up,
-        proposal) about a text that only grows between resets, so its length names it."""
-        if self._match[0] != len(context):
-            self._match = (len(context), self._index.lookup(context, MAX_DRAFT))
-        return self._match[1][:k]
 
     def catch_up(self, context: list[int]) -> None:
         """The inner drafter catches up only for a round it drafts: after lookup rounds it reads what it missed
         in one pass, not one pass a round."""
-        if not self._lookup(context, 1):
+        if not self._index.lookup(context, 1):
             self.inner.catch_up(context)
 
     def propose(self, context, k, params, rng, **options):
         """options (constraint, gate) go to the inner drafter; a lookup proposal needs neither."""
-        tokens = self._lookup(context, k)
+        tokens = self._index.lookup(context, k)
         self.last_free = bool(tokens)
         if tokens:
             return tokens, None
@@ -310,7 +289,6 @@ class LookupFirstDrafter(Drafter):
 
     def reset(self) -> None:
         """Before a generation (another text)."""
-        self._match = (-1, [])
         self._index.reset()
         self.inner.reset()
 

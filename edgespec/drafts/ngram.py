@@ -53,6 +53,7 @@ class NgramIndex:
 
     def reset(self) -> None:
         self._context: Sequence[int] | None = None
+        self._follow: tuple[int, int | None] = (-1, None)  # (length searched, where its match's continuation starts)
         self._tokens: list[int] = []  # a copy of what is indexed, to tell a grown context from another one
         self._starts: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram,
                                                                                   self.max_ngram + 1)}
@@ -72,13 +73,22 @@ class NgramIndex:
                     starts[tuple(tokens[end + 1 - n:end + 1])] = end + 1 - n
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
-        """lookup(context, k, max_ngram, min_ngram), from the index."""
+        """lookup(context, k, max_ngram, min_ngram), from the index. The loop asks several times a round (length,
+        catching up, proposal or the guess it scores) about one list that only grows between resets: that list
+        at the length searched last is searched once."""
         if k == 0:
             return []
-        self._update(context)
+        if context is not self._context or self._follow[0] != len(context):
+            self._update(context)
+            self._follow = (len(self._tokens), self._search())
+        follow = self._follow[1]
+        return [] if follow is None else continuation(self._tokens, follow, k)
+
+    def _search(self) -> int | None:
+        """Where the text that followed the latest earlier match of the longest suffix n-gram starts (None: none)."""
         tokens = self._tokens
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = self._starts[n].get(tuple(tokens[len(tokens) - n:]))
             if start is not None:
-                return continuation(tokens, start + n, k)
-        return []
+                return start + n
+        return None
