@@ -7,12 +7,26 @@
 # generate; then, on the last target, where models load without being told (GPU by default), the pass costs the
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
-# generate, LOOP=0 the rows-only loop benchmark. Results under $OUT, in one archive.
+# generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace. Steps that would run past DEADLINE
+# seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
+# process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
+# prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
+# in one archive.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 start=$(date +%s)
 log() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$OUT/log.txt"; }
+# step CAP FILE NAME CMD...: runs CMD, stdout to FILE, for at most CAP seconds and never past the deadline
+step() {
+  local cap=$1 file=$2 name=$3 left
+  shift 3
+  left=$((${DEADLINE:-520} - ($(date +%s) - start)))
+  if [ "$left" -lt 20 ]; then log "skipped (deadline): $name"; return 1; fi
+  [ "$cap" -lt "$left" ] || cap=$left
+  log "$name"
+  timeout "$cap" "$@" >"$file" 2>>"$OUT/log.txt" || log "exit status $? (cap ${cap} s): $name"
+}
 log "building llama.cpp"
 bash .gpu-kit/build.sh llama-bench >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD:/tmp/llama-gpu/llama.cpp/gguf-py
@@ -23,6 +37,17 @@ for first in numpy llama_cpp; do
   python3 -c "import $first; print('\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so' in l})))" \
     >"$OUT/libs-$first.txt" 2>&1
 done
+read -r dshape dvocab <<<"${DRAFT:-135m 152064}"
+draft=/tmp/random-draft-$dshape-$dvocab.gguf
+log "writing the draft $draft"
+python3 -m edgespec.models.random_gguf "$draft" --shape "$dshape" --vocab "$dvocab" --type f16 \
+  --tokenizer .gpu-kit/tok.gguf >>"$OUT/log.txt" 2>&1 || exit 1
+log "numpy imported before llama_cpp, then a model loaded (and the other order)"
+for first in "numpy, llama_cpp" "llama_cpp, numpy"; do
+  timeout 60 python3 -c "import $first; llama_cpp.Llama('$draft', n_gpu_layers=99, verbose=False); print('loaded')" \
+    >>"$OUT/numpy-first.txt" 2>&1
+  echo "import $first: exit status $?" >>"$OUT/numpy-first.txt"
+done
 model=
 for spec in ${MODELS:-"1.5b 152064"}; do
   read -r shape vocab <<<"$spec"
@@ -31,29 +56,27 @@ for spec in ${MODELS:-"1.5b 152064"}; do
   log "writing $model"
   python3 -m edgespec.models.random_gguf "$model" --shape "$shape" --vocab "$vocab" --type f16 \
     --tokenizer .gpu-kit/tok.gguf >>"$OUT/log.txt" 2>&1 || exit 1
-  log "llama-bench tg128"
-  "$BIN/llama-bench" -m "$model" -ngl 99 -p 0 -n 128 -r 3 -o json >"$OUT/llama-bench-$shape-$vocab.json" \
-    2>>"$OUT/log.txt"
-  log "where a token's time goes: bare decode, edgespec's backend, its loop"
-  timeout 150 python3 benchmarks/decode_overhead.py --model "$model" --gpu-layers 99 --threads 8 --tokens 128 \
-    --reps 3 --json >"$OUT/decode-$shape-$vocab.json" 2>>"$OUT/log.txt"
+  step 60 "$OUT/llama-bench-$shape-$vocab.json" "llama-bench tg128" \
+    "$BIN/llama-bench" -m "$model" -ngl 99 -p 0 -n 128 -r 3 -o json
+  step 150 "$OUT/decode-$shape-$vocab.json" "where a token's time goes: bare decode, edgespec's backend, its loop" \
+    python3 benchmarks/decode_overhead.py --model "$model" --gpu-layers 99 --threads 8 --tokens 128 --reps 3 --json
   [ "${VS:-1}" = 1 ] || continue
-  log "edgespec target-only and llama-cpp-python generate, interleaved"
-  timeout 240 python3 benchmarks/vs_llama_cpp_python.py --model "$model" --gpu-layers 99 --threads 8 --flash-attn off \
-    --prompts 4 --max-tokens 128 --reps 2 --json >"$OUT/vs-$shape-$vocab.json" 2>>"$OUT/log.txt"
+  step 240 "$OUT/vs-$shape-$vocab.json" "edgespec target-only and llama-cpp-python generate, interleaved" \
+    python3 benchmarks/vs_llama_cpp_python.py --model "$model" --gpu-layers 99 --threads 8 --flash-attn off \
+    --prompts 4 --max-tokens 128 --reps 2 --json
 done
-read -r dshape dvocab <<<"${DRAFT:-135m 152064}"
-draft=/tmp/random-draft-$dshape-$dvocab.gguf
-log "writing the draft $draft"
-python3 -m edgespec.models.random_gguf "$draft" --shape "$dshape" --vocab "$dvocab" --type f16 \
-  --tokenizer .gpu-kit/tok.gguf >>"$OUT/log.txt" 2>&1 || exit 1
-# the CLI, llama_cpp imported before numpy (that image crashed loading a model the other way round)
+# the CLI and scripts, llama_cpp imported before numpy (that image crashed loading a model the other way round)
 printf '%s\n' 'import llama_cpp, sys' 'from edgespec.cli import main' 'sys.exit(main())' >/tmp/edgespec-cli.py
-log "GPU by default: generate without --device, --gpu-layers or --cpu"
-timeout 120 python3 /tmp/edgespec-cli.py generate "Write a short story about a robot." -m "$model" --draft none -n 32 --json \
-  >"$OUT/generate-default.json" 2>>"$OUT/log.txt"
-log "pass costs the controller plans from (1..16 tokens), target and draft on the GPU"
-timeout 120 python3 - "$model" "$draft" >"$OUT/pass-costs.json" 2>>"$OUT/log.txt" <<'PY'
+printf '%s\n' 'import llama_cpp, runpy, sys' 'sys.argv = sys.argv[1:]' 'runpy.run_path(sys.argv[0], run_name="__main__")' \
+  >/tmp/llama-first.py
+for t in 0 1; do
+  step 100 "$OUT/declined-t$t.txt" "a declined draft model and prompt lookup beside target-only, t=$t" \
+    python3 /tmp/llama-first.py experiments/declined_draft.py --target "$model" --draft "$draft" -t $t \
+    --gpu-layers 99 --threads 8 --reps 3 --raw 100
+done
+step 60 "$OUT/generate-default.json" "GPU by default: generate without --device, --gpu-layers or --cpu" \
+  python3 /tmp/edgespec-cli.py generate "Write a short story about a robot." -m "$model" --draft none -n 32 --json
+cat >/tmp/pass-costs.py <<'PY'
 import llama_cpp  # noqa: F401 (before numpy)
 import json, sys
 from edgespec.decode.cost import measure_pass_costs
@@ -65,26 +88,27 @@ for role, path in (("target", sys.argv[1]), ("draft", sys.argv[2])):
     b.close()
 print(json.dumps(out, indent=1))
 PY
+step 60 "$OUT/pass-costs.json" "pass costs the controller plans from (1..16 tokens), target and draft on the GPU" \
+  python3 /tmp/pass-costs.py "$model" "$draft"
 printf '%s\n' '{"cat": "story", "prompt": "Write a short story about a lighthouse keeper."}' \
   '{"cat": "code", "prompt": "Write a Python function that merges two sorted lists."}' \
   '{"cat": "facts", "prompt": "Explain how vaccines train the immune system."}' \
   '{"cat": "rewrite", "prompt": "Rewrite this more formally: hey, the meeting moved to 3pm, see you there."}' \
   >/tmp/gpu-prompts.jsonl
-for d in "$draft" ngram; do
+for d in ngram "$draft"; do
   name=$([ "$d" = ngram ] && echo ngram || echo model)
-  log "edgespec bench, draft $name left to the controller (random weights: acceptance near 0)"
-  timeout 240 python3 /tmp/edgespec-cli.py bench -m "$model" --draft "$d" --prompts /tmp/gpu-prompts.jsonl -n 96 --json \
-    >"$OUT/bench-$name.json" 2>>"$OUT/log.txt"
+  step 120 "$OUT/bench-$name.json" "edgespec bench, draft $name left to the controller (random weights: acceptance near 0)" \
+    python3 /tmp/edgespec-cli.py bench -m "$model" --draft "$d" --prompts /tmp/gpu-prompts.jsonl -n 96 --json
 done
-log "each round of prompt lookup left to the controller"
-timeout 120 python3 experiments/controller_trace.py --target "$model" --draft ngram --json \
-  --prompt "Explain how vaccines train the immune system." --prompt "Write a short story about a lighthouse keeper." \
-  >"$OUT/trace-ngram.json" 2>>"$OUT/log.txt"
+if [ "${TRACE:-1}" = 1 ]; then
+  step 90 "$OUT/trace-ngram.json" "each round of prompt lookup left to the controller" \
+    python3 /tmp/llama-first.py experiments/controller_trace.py --target "$model" --draft ngram --json \
+    --prompt "Explain how vaccines train the immune system." --prompt "Write a short story about a lighthouse keeper."
+fi
 rm -f "$model" "$draft"
 if [ "${LOOP:-1}" = 1 ]; then
-  log "the loop over rows only, on this machine's CPU"
-  timeout 150 python3 benchmarks/loop_overhead.py --rows flat --vocab 152064 --tokens 300 --json \
-    >"$OUT/loop-flat.json" 2>>"$OUT/log.txt"
+  step 150 "$OUT/loop-flat.json" "the loop over rows only, on this machine's CPU" \
+    python3 benchmarks/loop_overhead.py --rows flat --vocab 152064 --tokens 300 --json
 fi
 log "done"
 # one file back: the device tool returns a few files per call

@@ -1,6 +1,7 @@
-"""Each round of a generation as the controller saw it: the length it chose, what the drafter proposed, what the
-target kept, and the acceptance estimate after it; beside the same prompts decoded target-only. For finding out
-why speculation on a real device ran slower than target-only where the simulation (controller_sim.py) does not.
+"""Each round of a generation as the controller saw it: the drafts verified, how many the target kept, the
+acceptance estimate before the round, and in a round prompt lookup sat out its guess's score; beside the same
+prompts decoded target-only. For finding out why speculation on a real device ran slower than target-only where
+the simulation (controller_sim.py) does not.
 
 usage: python experiments/controller_trace.py --target T.gguf [--draft ngram|D.gguf] [--prompt TEXT ...]
        [--max-tokens 96] [--gpu-layers N|all] [--json]
@@ -31,24 +32,19 @@ def main() -> None:
 
     engine = api.load(args.target, args.draft, gpu_layers=args.gpu_layers)
     controller, rounds = engine.controller, []
-    choose, observe, shadow = controller.choose, controller.observe, controller.observe_shadow
+    observe, shadow = controller.observe, controller.observe_shadow
 
-    def traced_choose():
-        k = choose()
-        rounds.append({"chosen": k, "alpha_before": round(controller.alpha, 3)})
-        return k
+    def traced_observe(n_drafted, n_accepted, draft_s, target_s, **kwargs):
+        rounds.append({"proposed": n_drafted, "accepted": n_accepted, "alpha_before": round(controller.alpha, 3),
+                       "pass_ms": round(target_s * 1e3, 3)})
+        return observe(n_drafted, n_accepted, draft_s, target_s, **kwargs)
 
-    def traced_observe(n_drafted, n_accepted, draft_s, target_s, pass_tokens=None):
-        if rounds:
-            rounds[-1].update(proposed=n_drafted, accepted=n_accepted, pass_ms=round(target_s * 1e3, 3))
-        return observe(n_drafted, n_accepted, draft_s, target_s, pass_tokens=pass_tokens)
-
-    def traced_shadow(p_accept):
+    def traced_shadow(p_accept):  # a round lookup sat out: its guess's score, learnt after the round's observe
         if rounds:
             rounds[-1]["shadow"] = round(p_accept, 3)
         return shadow(p_accept)
 
-    controller.choose, controller.observe, controller.observe_shadow = traced_choose, traced_observe, traced_shadow
+    controller.observe, controller.observe_shadow = traced_observe, traced_shadow
     report = {"target": args.target, "draft": args.draft, "placement": engine.placement(),
               "pass_costs_ms": {n: round(s * 1e3, 3) for n, s in controller.target_costs.items()}, "prompts": []}
     for prompt in args.prompt or PROMPTS:

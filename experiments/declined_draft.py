@@ -14,7 +14,7 @@ the process and with one loaded beside the target just after it ran, interleaved
 draft costs the target's own passes (threads, memory), apart from anything the loop does with it.
 
 usage: python experiments/declined_draft.py --target r2l.gguf --draft draft.gguf [-t 0] [--max-tokens 128]
-       [--prompts 3] [--reps 3] [--raw 200] [--threads 1]
+       [--prompts 3] [--reps 3] [--raw 200] [--threads 1] [--gpu-layers 99]
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
 
 
-def raw_passes(target: str, draft: str, n: int, reps: int, threads: int) -> dict[str, list[float]]:
+def raw_passes(target: str, draft: str, n: int, reps: int, threads: int, gpu_layers: int) -> dict[str, list[float]]:
     """Seconds per one-token target pass, per repetition, without and with a draft model loaded (and just run)."""
     from edgespec.backends.llama.backend import LlamaBackend
     from edgespec.decode.cost import measure_pass_costs
 
-    backend = LlamaBackend(target, n_ctx=1024, n_threads=threads)
+    backend = LlamaBackend(target, n_ctx=1024, n_threads=threads, n_gpu_layers=gpu_layers)
     tokens = [(i * 7919 + 13) % backend.vocab.n_vocab for i in range(n + 1)]
 
     def passes() -> float:
@@ -50,7 +50,7 @@ def raw_passes(target: str, draft: str, n: int, reps: int, threads: int) -> dict
     out: dict[str, list[float]] = {"alone": [], "draft loaded": []}
     for _ in range(reps):
         out["alone"].append(passes())
-        beside = LlamaBackend(draft, n_ctx=1024, n_threads=threads)
+        beside = LlamaBackend(draft, n_ctx=1024, n_threads=threads, n_gpu_layers=gpu_layers)
         measure_pass_costs(beside, 4)  # as load runs it: its threads have just worked
         out["draft loaded"].append(passes())
         beside.close()
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--raw", type=int, default=200, help="one-token passes per raw timing (0: none)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gpu-layers", type=int, default=0, help="layers of each model on the GPU (99: all)")
     args = parser.parse_args()
 
     from edgespec import api
@@ -76,14 +77,14 @@ def main() -> None:
     from edgespec.drafts.base import PromptLookupDrafter
 
     if args.raw:
-        raw = raw_passes(args.target, args.draft, args.raw, args.reps, args.threads)
+        raw = raw_passes(args.target, args.draft, args.raw, args.reps, args.threads, args.gpu_layers)
         print(f"raw one-token target passes, ms ({args.raw} a timing, {args.reps} timings each, interleaved):")
         for name, times in raw.items():
             print(f"  {name:13s} {spread([t * 1e3 for t in times])}")
         ratios = [a / b for a, b in zip(raw["alone"], raw["draft loaded"], strict=True)]
         print(f"  alone / draft loaded (speed with the draft loaded, x alone): {spread(ratios)}")
 
-    engine = api.load(args.target, args.draft, n_ctx=1024, threads=args.threads)
+    engine = api.load(args.target, args.draft, n_ctx=1024, threads=args.threads, gpu_layers=args.gpu_layers)
     target = engine.target
     lookup = DraftController(dict(engine.controller.target_costs), 0.0, engine.controller.k_max)
     engines = {"target-only": api.Engine(target, None, None), "model": engine,

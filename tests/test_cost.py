@@ -281,3 +281,31 @@ def test_guesses_right_in_runs_draft_after_a_kept_guess_and_stop_after_a_rejecte
     assert c.choose() >= 2  # inside a run: draft
     c.observe(c.choose(), 0, 0.0, c.verify_cost(2))  # the run ended at the first draft
     assert c.choose() == 0
+
+
+def test_the_kept_survey_is_the_one_made_afresh_after_any_run_of_events():
+    """The survey (and the costs part of it that shadow scores leave) is kept between the events that move what it
+    read: after any sequence of rounds drafted and declined, shadow scores, new texts and priors, each choice
+    equals a fresh controller's with the same state, which has kept nothing."""
+    rng = random.Random(4)
+    c = DraftController({n: 1.0 + 0.12 * (n - 1) for n in range(1, 17)}, draft_cost=0.05, k_max=8, read_cost=0.01)
+    for _ in range(3000):
+        event = rng.random()
+        if event < 0.4:
+            c.observe_shadow(rng.choice([0.0, 1.0, rng.random()]))
+        elif event < 0.7:  # a declined round: the one-token cost moves
+            c.observe(0, 0, 0.0, rng.uniform(0.8, 1.2))
+        elif event < 0.95:
+            k = rng.randint(1, 8)
+            c.observe(k, rng.randint(0, k), rng.uniform(0.01, 0.5), rng.uniform(1.0, 3.0))
+        elif event < 0.98:
+            c.begin(rng.randint(1, 100))
+        else:
+            c.set_prior(rng.random())
+        fresh = DraftController(dict(c.target_costs), c.draft_cost, c.k_max, read_cost=c.read_cost,
+                                draft_start=c.draft_start, accepted=c.accepted, rejected=c.rejected,
+                                after_kept=list(c.after_kept), after_rejected=list(c.after_rejected))
+        fresh._last_kept = c._last_kept
+        assert c._survey() == fresh._survey()
+        n = rng.randint(0, 8)
+        assert c.best_up_to(n) == fresh.best_up_to(n) and c.could_pay() == fresh.could_pay()

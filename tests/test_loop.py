@@ -544,3 +544,42 @@ def test_token_acceptance_counts_only_the_drafts_the_verifier_judged():
     assert stats.draft_lengths == {7: 3, 2: 1} and stats.accept_counts == {4: 3, 2: 1} and stats.rejected == 3
     assert stats.acceptance_rate == pytest.approx(14 / 23) and stats.token_acceptance == pytest.approx(14 / 17)
     assert stats.to_dict()["token_acceptance"] == round(14 / 17, 4)
+
+
+def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_computes():
+    """Prompt lookup's guess in a round it sat out is scored against the row in hand; the controller learns the score,
+    and lookup searches for the next round's guess, after the next round's pass has started (on a backend that
+    starts passes ahead): the bookkeeping a declined draft brings runs while the device computes, as target-only
+    decoding's text and consumer do."""
+    order = []
+
+    class Ahead(AheadBackend):
+        def prefetch(self, tokens):
+            order.append("pass started")
+            return super().prefetch(tokens)
+
+        def collect(self):
+            order.append("row read")
+            return super().collect()
+
+    class Scored(DraftController):
+        def observe_shadow(self, p_accept):
+            order.append("score learnt")
+            super().observe_shadow(p_accept)
+
+    table = np.full((V, V), -30.0)
+    for a in range(V):
+        table[a, (a + 1) % V] = 0.0  # a cycle over the vocabulary but EOS: lookup finds a guess once it repeats
+    table[:, EOS] = -60.0
+    declining = Scored({1: 1.0, **{n: 1.05 * n for n in range(2, 17)}}, draft_cost=0.0, k_max=4)
+    lookup = PromptLookupDrafter(V)
+    search = lookup._index._search
+    lookup._index._search = lambda: order.append("searched") or search()
+    stats = Stats()
+    list(speculate(Ahead(table, n_ctx=1024), lookup, declining, [1, 2, 3], GREEDY, np.random.default_rng(0),
+                   max_tokens=40, stats=stats))
+    assert stats.drafted == 0 and order.count("score learnt") >= 20
+    # each round reads its row, starts the next pass, then learns and searches for the next round's guess (but the
+    # last, after which no pass comes)
+    rounds = "/".join(order).split("row read/")[2:-1]
+    assert len(rounds) >= 20 and set(rounds) <= {"pass started/score learnt/searched/", "pass started/searched/"}

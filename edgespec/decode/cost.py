@@ -138,6 +138,7 @@ class DraftController:
     # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds
     _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
+    _spent: tuple | None = field(default=None, repr=False, compare=False)  # _spending's answer
 
     def __post_init__(self):
         self._cost_prior = (self.draft_start, self.draft_cost)  # what the fit is drawn towards: as measured at load
@@ -265,22 +266,35 @@ class DraftController:
         key = (self.accepted, self.rejected)
         if self._surveyed is not None and self._surveyed[0] == key:
             return self._surveyed[1]
+        spent, pay = self._spent or self._spending()
         first = self._after(self.after_kept if self._last_kept else self.after_rejected)
         kept = self._after(self.after_kept)
-        best, holds, pay = 0, [float("inf")], float("inf")  # k_max 0: nothing drafts, nothing pays
+        best, holds = 0, [float("inf")]
         tokens, gain = 1.0, first  # expected(k) = 1 + first * (1 + kept + ... + kept^(k-1)), summed as k grows
         for k in range(1, self.k_max + 1):
-            spent = self.draft_start + k * self.draft_cost + self.pass_cost(k)
             tokens += gain
             gain *= kept
-            holds.append(spent / tokens)
+            holds.append(spent[k] / tokens)
             if holds[k] < holds[best]:  # the fastest k (the shortest of equally fast ones, as max() picks)
                 best = k
-            pay = min(pay, spent / (k + 1))
         survey = (best, holds, pay)
         if max(self.target_costs) > 1:  # else pass_cost scales c1 itself: made again every time
             self._surveyed = (key, survey)
         return survey
+
+    def _spending(self) -> tuple[list[float], float]:
+        """The survey's part that acceptance does not move: per length k the seconds a round of k spends
+        (spent[k]; spent[0] unused), and could_pay's threshold. Kept until the costs it read move (observe of a
+        drafting round or of a pass longer than one token), so that a shadow score, which moves acceptance only,
+        makes the survey again from 8 divisions: prompt lookup's declined rounds each bring one
+        (docs/results/2026-11-27-gpu-check.md)."""
+        spent, pay = [0.0], float("inf")  # k_max 0: nothing drafts, nothing pays
+        for k in range(1, self.k_max + 1):
+            spent.append(self.draft_start + k * self.draft_cost + self.pass_cost(k))
+            pay = min(pay, spent[k] / (k + 1))
+        if max(self.target_costs) > 1:
+            self._spent = (spent, pay)
+        return spent, pay
 
     def drafting(self) -> bool:
         """Would the next round draft (no probe counted)?"""
@@ -346,6 +360,7 @@ class DraftController:
         self._judged(p_accept)
         self._idle_rounds = 0
         self._surveyed = None
+        self._survey()  # now, while the loop's next pass computes (decode/loop.py), not when the next length is chosen
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
                 pass_tokens: int | None = None, draft_steps: int | None = None) -> None:
@@ -358,7 +373,7 @@ class DraftController:
         old = self.target_costs.get(n, target_s)
         self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
-            self._surveyed = None
+            self._surveyed = self._spent = None
         if n_drafted:
             self._fit_cost(draft_steps or n_drafted, draft_s)
             self.accepted = DECAY * self.accepted + n_accepted

@@ -222,15 +222,14 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 if looked_up:
                     stats.lookup_drafted += k_round
                     stats.lookup_accepted += n_acc
+            shadow = None  # what the target would have kept of a free drafter's guess in a round it sat out
             if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
                 learner = drafter.lookup_controller if looked_up else controller
                 learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass, draft_steps=steps)
-                if k == 0 and drafter.free:
-                    # a free drafter's guess is still scored against the target row we already have
+                if k == 0 and drafter.free:  # scored against the row we have, before a pass started may replace it
                     guess, guess_probs = drafter.propose(committed, 1, params, rng)
                     if guess:
-                        guess_law = rule.as_laws(guess_probs, 1)[0]
-                        controller.observe_shadow(rule.acceptance(target_laws[0], guess_law, guess[0]))
+                        shadow = rule.acceptance(target_laws[0], rule.as_laws(guess_probs, 1)[0], guess[0])
 
             kept = [*drafts[:n_acc], token]
             committed.extend(kept)  # what the next round's length is chosen for; generation may end inside it
@@ -239,6 +238,12 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             if left > 0 and len(committed) < target.n_ctx and eog.isdisjoint(kept):  # another round follows
                 k_next = _length(drafter, controller, committed, draft_max, gated, target.n_ctx - len(committed), left)
                 started = k_next == 0 and target.prefetch([token])
+            # learnt while the next pass computes, where one started: the round after next is the first that this
+            # round's score can move, so that a declined draft costs target-only decoding nothing
+            if shadow is not None:
+                controller.observe_shadow(shadow)
+            if k_next == 0 and drafter is not None:
+                drafter.ahead(committed)
             for i, tok in enumerate(kept):
                 if constraint is not None:
                     constraint.consume(tok)

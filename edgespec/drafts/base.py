@@ -29,7 +29,9 @@ class Drafter:
     - propose_tree, where `trees`: candidates per depth as a DraftTree, verified in one pass (heads);
     - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
     - observe_target, after each verify pass: the target's state that produced the committed token (heads);
-    - lookup_length: the next round's length, from the loop's choice (a free drafter's: from what it offers).
+    - lookup_length: the next round's length, from the loop's choice (a free drafter's: from what it offers);
+    - ahead: after a round the controller declined, once the next pass is under way: work for the next round
+      done while the target computes (prompt lookup's search, which its shadow score reads).
     Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft, and its
     lookup_length weighs what it offers with the controller, given the longest allowed), gated
     (knows how sure it is: drafts under the controller's DraftGate), grammar_aware (drafts under a grammar's mask:
@@ -66,6 +68,9 @@ class Drafter:
         """The next round's length, given the loop's choice k (fixed: the caller's draft_max; for a free drafter
         otherwise the controller's k_max, the longest it may choose)."""
         return k
+
+    def ahead(self, context: list[int]) -> None:
+        """The next round will read `context`: a chance to prepare while the target's pass computes."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,14 @@ class PromptLookupDrafter(Drafter):
         Where nothing was found the controller is not asked."""
         if fixed:
             return k
+        if not controller.best_up_to(k):  # no length pays, however much is found: the search can wait (ahead)
+            return 0
         return controller.best_up_to(len(self._index.lookup(context, k)))
+
+    def ahead(self, context: list[int]) -> None:
+        """The search the next round's guess reads (scored in a round lookup sits out), made while the pass computes
+        rather than before it starts."""
+        self._index.lookup(context, 1)
 
     def propose(self, context, k, params, rng):
         """Tokens with probability 1 each: no law."""
