@@ -7,7 +7,8 @@
 # generate; then, on the last target, where models load without being told (GPU by default), the pass costs the
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
-# generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace. Steps that would run past DEADLINE
+# generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's
+# time, BASICS=0 the default-placement generate and the pass costs. Steps that would run past DEADLINE
 # seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
 # process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
 # prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
@@ -58,7 +59,8 @@ for spec in ${MODELS:-"1.5b 152064"}; do
     --tokenizer .gpu-kit/tok.gguf >>"$OUT/log.txt" 2>&1 || exit 1
   step 60 "$OUT/llama-bench-$shape-$vocab.json" "llama-bench tg128" \
     "$BIN/llama-bench" -m "$model" -ngl 99 -p 0 -n 128 -r 3 -o json
-  step 150 "$OUT/decode-$shape-$vocab.json" "where a token's time goes: bare decode, edgespec's backend, its loop" \
+  [ "${DECODE:-1}" = 1 ] && step 150 "$OUT/decode-$shape-$vocab.json" \
+    "where a token's time goes: bare decode, edgespec's backend, its loop" \
     python3 benchmarks/decode_overhead.py --model "$model" --gpu-layers 99 --threads 8 --tokens 128 --reps 3 --json
   [ "${VS:-1}" = 1 ] || continue
   step 240 "$OUT/vs-$shape-$vocab.json" "edgespec target-only and llama-cpp-python generate, interleaved" \
@@ -74,7 +76,8 @@ for t in 0 1; do
     python3 /tmp/llama-first.py experiments/declined_draft.py --target "$model" --draft "$draft" -t $t \
     --gpu-layers 99 --threads 8 --reps 3 --raw 100
 done
-step 60 "$OUT/generate-default.json" "GPU by default: generate without --device, --gpu-layers or --cpu" \
+[ "${BASICS:-1}" = 1 ] && step 60 "$OUT/generate-default.json" \
+  "GPU by default: generate without --device, --gpu-layers or --cpu" \
   python3 /tmp/edgespec-cli.py generate "Write a short story about a robot." -m "$model" --draft none -n 32 --json
 cat >/tmp/pass-costs.py <<'PY'
 import llama_cpp  # noqa: F401 (before numpy)
@@ -88,7 +91,8 @@ for role, path in (("target", sys.argv[1]), ("draft", sys.argv[2])):
     b.close()
 print(json.dumps(out, indent=1))
 PY
-step 60 "$OUT/pass-costs.json" "pass costs the controller plans from (1..16 tokens), target and draft on the GPU" \
+[ "${BASICS:-1}" = 1 ] && step 60 "$OUT/pass-costs.json" \
+  "pass costs the controller plans from (1..16 tokens), target and draft on the GPU" \
   python3 /tmp/pass-costs.py "$model" "$draft"
 printf '%s\n' '{"cat": "story", "prompt": "Write a short story about a lighthouse keeper."}' \
   '{"cat": "code", "prompt": "Write a Python function that merges two sorted lists."}' \

@@ -97,11 +97,17 @@ class Engine:
 
     def placement(self) -> dict:
         """Where each model runs: {"target": ..., "draft": ... or None}, each with its runtime, its device ("cpu",
-        a llama.cpp GPU such as CUDA0, an onnxruntime provider) and, for llama.cpp, the layers on the GPU."""
-        def where(backend):
-            return backend.placement()
-
-        return {"target": where(self.target), "draft": where(self.draft_backend) if self.draft_backend else None}
+        a llama.cpp GPU such as CUDA0, an onnxruntime provider) and, for llama.cpp, the layers on the GPU; a draft
+        model also with how its vocabulary pairs with the target's ("vocabulary": "exact", "padded" or
+        "cross-tokenizer"; for the last, "shared_tokens", and "intersection_mass": the share of the draft's
+        probability on them, averaged over the proposals measured)."""
+        if self.draft_backend is None:
+            return {"target": self.target.placement(), "draft": None}
+        model = getattr(self.drafter, "inner", self.drafter)  # behind prompt lookup (ngram+)
+        pairing = {"vocabulary": model.pairing} if hasattr(model, "pairing") else {}
+        if pairing.get("vocabulary") == "cross-tokenizer":  # how much of what it would draft the target can take
+            pairing.update(shared_tokens=model.map.shared, intersection_mass=round(model.intersection_mass, 4))
+        return {"target": self.target.placement(), "draft": {**self.draft_backend.placement(), **pairing}}
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
@@ -333,9 +339,11 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
         controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max,
                                      width=tree_width)
-    if draft_backend is not None:  # a prior on acceptance, so a good draft model is used from the start
-        a = agreement(target_backend, draft_backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
-        controller.set_prior(a)
+    if draft_backend is not None:
+        model = getattr(drafter, "inner", drafter)  # behind prompt lookup (ngram+)
+        if model.pairing != "cross-tokenizer":  # a prior on acceptance, so a good draft model is used from the start
+            a = agreement(target_backend, model.backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
+            controller.set_prior(a)
         controller.read_cost = measure_read_cost(draft_backend)  # what catching up on skipped text costs it
     return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate,
                   draft_choice=choice)

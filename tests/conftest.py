@@ -25,6 +25,33 @@ def q4_0_gguf(default_gguf, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def padded_gguf(default_gguf, tmp_path_factory):
+    """The default model with its vocabulary padded by 128 unused ids (zero rows), as Qwen2.5 7B-72B pad
+    151,936 tokens to 152,064: a padded target for the default model's drafts."""
+    from edgespec.models.vocab_edit import pad_vocab
+
+    return pad_vocab(default_gguf, tmp_path_factory.mktemp("models") / "smollm2-padded.gguf", 49152 + 128)
+
+
+@pytest.fixture(scope="session")
+def padded_q4_0_gguf(q4_0_gguf, tmp_path_factory):
+    """q4_0_gguf padded by 128 ids: a draft with more ids than the default target."""
+    from edgespec.models.vocab_edit import pad_vocab
+
+    return pad_vocab(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-padded.gguf", 49152 + 128)
+
+
+@pytest.fixture(scope="session")
+def retokenized_q4_0_gguf(q4_0_gguf, tmp_path_factory):
+    """q4_0_gguf under another tokenizer: its ids shuffled and 2000 of its tokens dropped, so it spells some
+    words with more tokens than the target and numbers every token otherwise (a draft of another family)."""
+    from edgespec.models.vocab_edit import permute_vocab
+
+    return permute_vocab(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-retokenized.gguf", seed=3,
+                         drop=2000)
+
+
+@pytest.fixture(scope="session")
 def smollm2_checkpoint():
     """The real SmolLM2-135M-Instruct as a Hugging Face folder (dequantized from the shipped GGUF).
 

@@ -234,3 +234,15 @@ def test_json_schema_constrains_generate_and_bench(runner, tmp_path, q4_0_gguf):
     assert result.exit_code == 1 and "cannot read the JSON schema" in result.output
     result = runner.invoke(main, ["bench", "--category", "nope"])
     assert result.exit_code == 1 and "no prompts in the categories nope" in result.output
+
+
+def test_a_draft_of_another_tokenizer_says_so_and_keeps_the_greedy_text(runner, retokenized_q4_0_gguf):
+    args = ["generate", "Count to five.", "--json", "-n", "24"]
+    base = json.loads(runner.invoke(main, [*args, "--draft", "none"]).output)
+    result = runner.invoke(main, [*args, "--draft", str(retokenized_q4_0_gguf), "--draft-max", "4"])
+    assert result.exit_code == 0, result.output
+    spec = json.loads(result.stdout)
+    draft = spec["placement"]["draft"]
+    assert spec["tokens"] == base["tokens"] and spec["drafted"] > 0
+    assert draft["vocabulary"] == "cross-tokenizer" and 0 < draft["shared_tokens"] <= 49152 - 2000
+    assert 0 < draft["intersection_mass"] <= 1 and "another tokenizer" in result.stderr

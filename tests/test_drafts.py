@@ -68,7 +68,7 @@ def vocab_with(**changes):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(texts=make_vocab(9).texts, pieces=make_vocab(9).pieces), "9 tokens but the target's has 8"),
+    (dict(texts=make_vocab(8 + 129).texts, pieces=make_vocab(8 + 129).pieces), "137 tokens but the target's has 8"),
     (dict(bos_id=3), "bos_id is 3"),
     (dict(eos_id=3, eog_ids=frozenset([3])), "eos_id is 3"),
     (dict(eog_ids=frozenset([0, 5])), "end-of-generation"),

@@ -4,6 +4,7 @@ offline: no test reaches the network."""
 import hashlib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from edgespec.backends.protocol import VOCAB_PADDING
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.models import draft_search, hub
@@ -19,14 +21,15 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 COMMIT_V2 = "fedcba9876543210fedcba9876543210fedcba98"
 TARGET = "test-org/SmolLM2-135M-Instruct-GGUF"  # the default model's bytes under quant-named files
 DRAFT = "test-org/Tiny-GGUF"  # a random tiny model with the default model's vocabulary
-OTHER = "test-org/Other-Vocab-GGUF"  # the same tokenizer padded to 49216 tokens: not a draft for the target
+OTHER = "test-org/Other-Vocab-GGUF"  # the same tokenizer padded by 129 tokens, one past VOCAB_PADDING: no draft
 
 
 @pytest.fixture(scope="session")
 def ggufs(tmp_path_factory, default_gguf):
     """Real GGUF files to link into caches: the default model, a tiny model of its vocabulary (whole and split in two
-    parts, as gguf-py splits), a wider one (a target that loads and measures in a moment) and one of another
-    vocabulary."""
+    parts, as gguf-py splits), a wider one (a target that loads and measures in a moment), the wider one and a tiny
+    one with that vocabulary padded by VOCAB_PADDING tokens (as Qwen2.5 7B-72B pad the 0.5B-3B's), and one padded
+    by a token more: another vocabulary."""
     import gguf
 
     from edgespec.models.random_gguf import Shape, write_random_gguf
@@ -34,8 +37,12 @@ def ggufs(tmp_path_factory, default_gguf):
     folder = tmp_path_factory.mktemp("ggufs")
     (folder / "default.gguf").write_bytes(Path(default_gguf).read_bytes())
     tiny = write_random_gguf(folder / "tiny.gguf", shape="tiny", n_vocab=49152, dtype="f32")
-    other = write_random_gguf(folder / "other.gguf", shape="tiny", n_vocab=49216, dtype="f32")
+    other = write_random_gguf(folder / "other.gguf", shape="tiny", n_vocab=49152 + VOCAB_PADDING + 1, dtype="f32")
     wide = write_random_gguf(folder / "wide.gguf", shape=Shape(2, 256, 4, 2, 512), n_vocab=49152, dtype="f32")
+    wide_padded = write_random_gguf(folder / "wide-padded.gguf", shape=Shape(2, 256, 4, 2, 512),
+                                    n_vocab=49152 + VOCAB_PADDING, dtype="f32")
+    tiny_padded = write_random_gguf(folder / "tiny-padded.gguf", shape="tiny", n_vocab=49152 + VOCAB_PADDING,
+                                    dtype="f32")
     reader = gguf.GGUFReader(tiny)
     writer = gguf.GGUFWriter(folder / "split.gguf", "llama", split_max_tensors=10)
     for field in reader.fields.values():
@@ -51,7 +58,8 @@ def ggufs(tmp_path_factory, default_gguf):
     writer.close()
     parts = sorted(folder.glob("split-0000*-of-00002.gguf"))
     assert len(parts) == 2
-    return {"default": folder / "default.gguf", "tiny": tiny, "other": other, "wide": wide, "split": parts}
+    return {"default": folder / "default.gguf", "tiny": tiny, "other": other, "wide": wide,
+            "wide_padded": wide_padded, "tiny_padded": tiny_padded, "split": parts}
 
 
 @lru_cache
@@ -154,16 +162,56 @@ def test_hub_names_are_what_is_no_file_here(tmp_path, monkeypatch):
 
 def test_the_catalogue_pairs_families_with_a_source_each():
     pairs = draft_search.catalogue()
-    assert {p.family for p in pairs} >= {"Qwen2.5 Instruct", "Qwen3", "Gemma 2 instruction-tuned", "SmolLM2 Instruct"}
+    assert {p.family for p in pairs} >= {"Qwen2.5 Instruct", "Qwen2.5-Coder Instruct", "Qwen3",
+                                         "Gemma 2 instruction-tuned", "SmolLM2 Instruct"}
     for pair in pairs:
         assert pair.sources and all(s.startswith("https://") for s in pair.sources), pair.family
         assert hub.parse_name(pair.draft)[1], pair.draft  # a quant, so the file is known
+        assert pair.targets and all(re.compile(t) for t in pair.targets), pair.family
+        assert draft_search.catalogued(pair.draft.split(":")[0], [pair]) is None, pair.draft  # no target of itself
     catalogued = draft_search.catalogued
     assert catalogued("bartowski/Llama-3.3-70B-Instruct-GGUF").draft.startswith("bartowski/Llama-3.2-1B-Instruct")
-    assert catalogued("Qwen/Qwen2.5-3B-Instruct-GGUF").family == "Qwen2.5 Instruct"
-    assert catalogued("Qwen/Qwen2.5-7B-Instruct-GGUF") is None  # 152064 tokens: the 0.5B's check would fail
     assert catalogued("Qwen/Qwen3-8B-GGUF").draft.startswith("Qwen/Qwen3-0.6B-GGUF")
     assert catalogued("Qwen/Qwen3-0.6B-GGUF") is None and catalogued("org/phi-4-GGUF") is None
+
+
+@pytest.mark.parametrize("repo_id", [
+    "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "Qwen/Qwen2.5-3B-Instruct-GGUF",  # 151936 tokens, as the 0.5B: exact
+    "Qwen/Qwen2.5-7B-Instruct-GGUF", "bartowski/Qwen2.5-14B-Instruct-GGUF", "Qwen/Qwen2.5-32B-Instruct-GGUF",
+    "Qwen/Qwen2.5-72B-Instruct-GGUF", "Qwen/Qwen2.5-7B-Instruct",  # 152064: the same tokens padded by 128
+])
+def test_the_qwen2_5_pair_drafts_every_instruct_size(repo_id):
+    assert draft_search.catalogued(repo_id).draft == "Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0"
+
+
+@pytest.mark.parametrize("repo_id", [
+    "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF", "bartowski/Qwen2.5-Coder-14B-Instruct-GGUF",
+    "Qwen/Qwen2.5-Coder-32B-Instruct-GGUF", "bartowski/Qwen2.5.1-Coder-7B-Instruct-GGUF",
+])
+def test_the_coder_pair_drafts_coder_7b_to_32b(repo_id):
+    pair = draft_search.catalogued(repo_id)
+    assert pair.family == "Qwen2.5-Coder Instruct" and "ggml-org/Qwen2.5-Coder-1.5B-32B-speculative-GGUF" in pair.draft
+    assert pair.sources[0] == "https://huggingface.co/ggml-org/Qwen2.5-Coder-1.5B-32B-speculative-GGUF"
+
+
+@pytest.mark.parametrize("repo_id", [
+    "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "Qwen/Qwen2.5-7B-GGUF", "Qwen/Qwen2.5-Math-7B-Instruct-GGUF",  # no Instruct
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "Qwen/Qwen2.5-Coder-32B-GGUF",  # the draft; a base (FIM) model
+    "ggml-org/Qwen2.5-Coder-1.5B-32B-speculative-GGUF", "Qwen/Qwen2.5-Coder-3B-Instruct-GGUF",
+])
+def test_the_qwen_pairs_leave_other_qwen_models_alone(repo_id):
+    assert draft_search.catalogued(repo_id) is None
+
+
+def test_the_coder_draft_is_named_by_its_file_in_a_repository_of_two_q4_k_m():
+    """ggml-org's repository holds the 1.5B and the 32B, both Q4_K_M: the catalogue names the draft's file."""
+    draft = draft_search.catalogued("Qwen/Qwen2.5-Coder-32B-Instruct-GGUF").draft
+    files = hub.group_ggufs(["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-32b-instruct-q4_k_m.gguf",
+                             "README.md"])
+    repo_id, quant, _ = hub.parse_name(draft)
+    assert hub.pick(files, quant, repo_id).first == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    with pytest.raises(EdgespecError, match="2 GGUF models of Q4_K_M"):
+        hub.pick(files, "Q4_K_M", repo_id)
 
 
 # --- the cache, offline --------------------------------------------------------------------------------------------
@@ -247,12 +295,35 @@ def test_pull_prints_the_path_and_models_lists_the_cache_and_its_pairs(populated
     by_name = {m["name"]: m for m in listing["models"]}
     assert by_name[f"{TARGET}:Q8_0"]["vocab"] == by_name[f"{DRAFT}:tiny.gguf"]["vocab"] != by_name[
         f"{OTHER}:Q4_K_M"]["vocab"]
-    assert by_name[f"{OTHER}:Q4_K_M"]["n_vocab"] == 49216 and by_name[f"{TARGET}:Q4_K_M"]["quant"] == "Q4_K_M"
-    # the draft with each of the target's files; not the other vocabulary, nor two files of one repository
-    assert sorted((p["target"], p["draft"]) for p in listing["pairs"]) == [
-        (f"{TARGET}:Q4_K_M", f"{DRAFT}:tiny.gguf"), (f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf")]
+    assert by_name[f"{OTHER}:Q4_K_M"]["n_vocab"] == 49152 + VOCAB_PADDING + 1
+    assert by_name[f"{TARGET}:Q4_K_M"]["quant"] == "Q4_K_M"
+    # the draft with each of the target's files; not the other vocabulary (129 tokens more), nor two files of one
+    # repository
+    assert sorted((p["target"], p["draft"], p["vocabulary"]) for p in listing["pairs"]) == [
+        (f"{TARGET}:Q4_K_M", f"{DRAFT}:tiny.gguf", "exact"), (f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf", "exact")]
     text = runner.invoke(main, ["models"]).output
-    assert f"{TARGET}:Q4_K_M <- {DRAFT}:tiny.gguf" in text and "other-Q4_K_M.gguf" in text
+    assert f"{TARGET}:Q4_K_M <- {DRAFT}:tiny.gguf (" in text and "other-Q4_K_M.gguf" in text
+    assert "x smaller, exact vocabulary)" in text and "padded vocabulary)" not in text
+
+
+def test_models_says_whether_each_pair_is_exact_or_padded(cache, ggufs):
+    """A target with the tiny model's vocabulary padded by VOCAB_PADDING tokens pairs with the tiny draft and with a
+    model of the unpadded vocabulary, "padded"; those two pair "exact"."""
+    padded, wide = "test-org/Padded-GGUF", "test-org/Wide-GGUF"
+    add_repo(cache, padded, {"padded-F32.gguf": ggufs["wide_padded"]})
+    add_repo(cache, wide, {"wide-F32.gguf": ggufs["wide"]})
+    add_repo(cache, DRAFT, {"tiny.gguf": ggufs["tiny"]})
+    runner = CliRunner()
+    listing = json.loads(runner.invoke(main, ["models", "--json"]).stdout)
+    repo = {m["name"]: m["repo"] for m in listing["models"]}
+    assert {m["repo"]: m["n_vocab"] for m in listing["models"]} == {
+        padded: 49152 + VOCAB_PADDING, wide: 49152, DRAFT: 49152}
+    assert sorted((repo[p["target"]], repo[p["draft"]], p["vocabulary"]) for p in listing["pairs"]) == [
+        (padded, DRAFT, "padded"), (padded, wide, "padded"), (wide, DRAFT, "exact")]
+    text = runner.invoke(main, ["models"]).output
+    assert "(target <- draft; exact: the same vocabulary, padded: the same tokens, sizes up to 128 apart)" in text
+    for p in listing["pairs"]:
+        assert f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {p['vocabulary']} vocabulary)" in text
 
 
 def test_models_on_an_empty_cache(cache):
@@ -268,7 +339,44 @@ def test_auto_finds_a_smaller_cached_model_with_the_targets_vocabulary(populated
 
     choice = choose_draft(f"{TARGET}:Q4_K_M")
     assert choice["draft"] == f"{DRAFT}:tiny.gguf" and "cached, with the target's vocabulary" in choice["reason"]
+    assert "padded" not in choice["reason"]
     assert auto_draft(f"{TARGET}:Q4_K_M") == choice["path"] == str(hub.resolve_gguf(DRAFT))
+
+
+def test_auto_drafts_a_padded_target_and_says_the_vocabulary_is_padded(cache, ggufs):
+    """The Qwen2.5 case in miniature: a "7B" whose vocabulary is the "0.5B"'s padded by 128 tokens, the 0.5B cached."""
+    from edgespec.drafts.auto import choose_draft
+
+    target, draft = "test-org/Qwen2.5-7B-Instruct-GGUF", "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
+    add_repo(cache, target, {"Qwen2.5-7B-Instruct-Q4_K_M.gguf": ggufs["wide_padded"]})
+    add_repo(cache, draft, {"qwen2.5-0.5b-instruct-q8_0.gguf": ggufs["tiny"]})
+    add_repo(cache, OTHER, {"other-Q4_K_M.gguf": ggufs["other"]})  # padded by 1 to the target's: a draft, not preferred
+    ratio = ggufs["wide_padded"].stat().st_size / ggufs["tiny"].stat().st_size
+    choice = choose_draft(target)
+    assert choice["draft"] == f"{draft}:Q8_0" and choice["path"] == str(hub.resolve_gguf(draft))
+    assert choice["reason"] == (f"cached, with a padded vocabulary (49152 tokens to the target's 49280), {ratio:.1f}x "
+                                "smaller; published as a draft for Qwen2.5 Instruct "
+                                "(https://lmstudio.ai/docs/advanced/speculative-decoding)")
+
+
+@pytest.mark.parametrize("target_file, reason", [
+    ("tiny_padded", "published as a draft for Qwen2.5 Instruct (https://lmstudio.ai/docs/advanced/speculative-decoding)"
+                    "; pulled into the hub cache, with a padded vocabulary (49152 tokens to the target's 49280)"),
+    ("other", None),  # 129 tokens apart: not the draft's vocabulary padded
+])
+def test_the_catalogued_draft_is_checked_padded_or_not(cache, ggufs, monkeypatch, target_file, reason):
+    """The catalogue's draft for a target no cached model drafts (the draft is more than half its size), fetched: here
+    from the cache, as pull finds a cached file without the network."""
+    monkeypatch.setattr(draft_search, "offline", lambda: False)
+    target, draft = "test-org/Qwen2.5-3B-Instruct-GGUF", "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
+    add_repo(cache, target, {"Qwen2.5-3B-Instruct-Q4_K_M.gguf": ggufs[target_file]})
+    add_repo(cache, draft, {"qwen2.5-0.5b-instruct-q8_0.gguf": ggufs["tiny"]})
+    found, why = draft_search.find_draft(target, progress=False)
+    if reason:
+        assert found == {"draft": f"{draft}:Q8_0", "path": str(hub.resolve_gguf(draft)), "reason": reason} and not why
+    else:
+        assert found is None and why.endswith(f"the catalogue's draft {draft}:Q8_0 does not share its vocabulary, "
+                                              "padded or not")
 
 
 def test_auto_prefers_the_catalogued_draft_and_never_downloads_offline(cache, ggufs):
@@ -280,8 +388,8 @@ def test_auto_prefers_the_catalogued_draft_and_never_downloads_offline(cache, gg
     before = tree(cache)
     choice = choose_draft("test-org/SmolLM2-1.7B-Instruct-GGUF")
     assert choice == {"draft": "ngram", "reason": "prompt lookup: no cached GGUF has test-org/SmolLM2-1.7B-Instruct-"
-                      "GGUF:Q4_K_M's vocabulary at 50% of its size or less, and the catalogue's draft HuggingFaceTB/"
-                      "SmolLM2-360M-Instruct-GGUF:Q8_0 is not cached (HF_HUB_OFFLINE is set)"}
+                      "GGUF:Q4_K_M's vocabulary, padded or not, at 50% of its size or less, and the catalogue's draft "
+                      "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF:Q8_0 is not cached (HF_HUB_OFFLINE is set)"}
     assert tree(cache) == before
     names = [p.name.replace("split", "SmolLM2-360M-Instruct-Q8_0") for p in ggufs["split"]]
     add_repo(cache, "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF", dict(zip(names, ggufs["split"], strict=True)))
@@ -311,7 +419,7 @@ def test_generate_reports_the_auto_choice_and_the_fallback(populated, ggufs):
     assert f"draft (auto): {DRAFT}:tiny.gguf: cached, with the target's vocabulary, 3.9x smaller" in result.stderr
     assert ", draft tiny.gguf (llama.cpp on cpu" in result.stderr  # and it ran
     fallback = {"draft": "ngram", "auto": True, "reason": f"prompt lookup: no cached GGUF has {OTHER}:Q4_K_M's "
-                f"vocabulary at 50% of its size or less, and the catalogue pairs no draft with {OTHER}"}
+                f"vocabulary, padded or not, at 50% of its size or less, and the catalogue pairs no draft with {OTHER}"}
     data = json.loads(runner.invoke(main, [*args, "--json", "-m", OTHER]).stdout)
     assert data["draft_choice"] == fallback and data["placement"]["draft"] is None
     engine = load(OTHER, "none", n_ctx=64)

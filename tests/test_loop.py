@@ -177,13 +177,13 @@ def random_gates(seed=0):
 
 
 def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000,
-                     gate=None):
+                     gate=None, caught=None):
     """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
     joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
     without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
     candidates). gate(controller) -> a DraftGate: chains drafted under it, as far as it lets them (it must
-    have both kept tokens and ended chains, many times). Returns the tokens the rounds drafted (tree nodes
-    for trees)."""
+    have both kept tokens and ended chains, many times). caught: whether the test must fail (default: broken),
+    for a drafter broken on purpose. Returns the tokens the rounds drafted (tree nodes for trees)."""
     from test_verify import judged_with_replacement
 
     from edgespec.decode import verify as verify_module
@@ -216,7 +216,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
         draws.append(tuple(tokens_of(list(events))))
         drafted += stats.tree_nodes if width > 1 else stats.drafted
     p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
-    assert (p < ALPHA) == broken, p
+    assert (p < ALPHA) == (broken if caught is None else caught), p
     if gate is not None:
         assert min(verdicts[True], verdicts[False]) > runs // 10, verdicts
     return drafted

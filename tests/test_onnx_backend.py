@@ -476,9 +476,13 @@ def test_real_export_greedy_matches_its_f32_gguf(real_onnx, smollm2_f32_gguf):
 
 
 @pytest.mark.slow
-def test_mixed_pair_onnx_target_gguf_draft_is_exact(real_onnx, default_gguf):
-    draft = LlamaBackend(default_gguf, n_ctx=1024)
-    engine = Engine(real_onnx, ModelDrafter(draft, real_onnx.vocab), controller(), draft)  # vocabularies checked
+@pytest.mark.parametrize("draft_file", ["default_gguf", "padded_q4_0_gguf"])
+def test_mixed_pair_onnx_target_gguf_draft_is_exact(request, real_onnx, draft_file):
+    """An ONNX target drafted by a GGUF of its vocabulary, and by one with 128 padding ids it lacks."""
+    draft = LlamaBackend(request.getfixturevalue(draft_file), n_ctx=1024)
+    drafter = ModelDrafter(draft, real_onnx.vocab)  # vocabularies checked
+    assert drafter.pairing == ("padded" if draft_file.startswith("padded") else "exact")
+    engine = Engine(real_onnx, drafter, controller(), draft)
     drafted = accepted = 0
     for prompt in [row["prompt"] for row in read_prompts(None)][::8]:
         base = engine.generate(prompt, max_tokens=32, draft_max=0)

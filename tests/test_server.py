@@ -1,5 +1,6 @@
 """`edgespec serve` as a real process on loopback, driven by the official openai client and raw HTTP."""
 
+import contextlib
 import json
 import os
 import socket
@@ -27,29 +28,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serve(*args: str, env: dict | None = None):
+    """`edgespec serve ARGS` on a free loopback port, 1 thread (the cores are shared with the test process): its
+    URL once /health answers; stopped on leaving."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "serve", *args, "--threads", "1", "--port",
+                             str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def server(default_gguf):
-    """A server process with the default model and prompt lookup, 1 thread (the cores are shared with the
-    test process), requiring an API key."""
-    port = free_port()
-    env = {**os.environ, "EDGESPEC_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "serve", "--target", str(default_gguf),
-                             "--draft", "ngram", "--threads", "1", "--ctx", "512", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    """A server process with the default model and prompt lookup, requiring an API key."""
+    with serve("--target", str(default_gguf), "--draft", "ngram", "--ctx", "512",
+               env={**os.environ, "EDGESPEC_API_KEY": KEY}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +183,15 @@ def test_response_format_constrains_the_answer_to_the_schema(client):
     assert text.lstrip().startswith("{")  # an object, complete unless max_tokens cut it
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
+
+
+def test_a_padded_target_drafted_by_another_tokenizer_answers_as_target_only(padded_gguf, retokenized_q4_0_gguf,
+                                                                             greedy_text):
+    """The pairs people run, served: a target with 128 padding ids (Qwen2.5 7B's) and a draft of another tokenizer
+    (ids shuffled, tokens dropped) drafting every round: greedy, the answer the default model gives alone."""
+    with serve("--target", str(padded_gguf), "--draft", str(retokenized_q4_0_gguf), "--ctx", "512") as url:
+        pair = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        r = pair.chat.completions.create(model="any", messages=PROMPT, max_tokens=N, temperature=0,
+                                         extra_body={"draft_max": 4})
+        assert r.choices[0].message.content == greedy_text
+        assert r.model_extra["edgespec"]["drafted"] > 0

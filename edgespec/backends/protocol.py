@@ -39,12 +39,20 @@ class Vocab:
         return hashlib.sha256(b"\0".join(self.texts)).hexdigest()[:16]
 
 
-def check_compatible(target: Vocab, draft: Vocab) -> None:
-    """Raise EdgespecError naming the first difference between two vocabularies, if any."""
-    if target.n_vocab != draft.n_vocab:
+# how many tokens a draft's vocabulary may have more or fewer than the target's: the padding rows a family's models
+# were rounded up to (Qwen2.5 0.5B-3B have 151,936 tokens, 7B-72B 152,064), llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_PADDING = 128
+
+
+def check_compatible(target: Vocab, draft: Vocab, *, padding: int = VOCAB_PADDING) -> str:
+    """How a draft's vocabulary relates to the target's: "exact" (the same tokens) or "padded" (the same tokens on
+    the ids both have, and at most `padding` ids more or fewer, which the draft never proposes or never has:
+    drafts/padded.py). Raise EdgespecError naming the first difference otherwise: sizes further apart, another BOS
+    or EOS, other end-of-generation ids, or another token text on an id both have."""
+    if abs(target.n_vocab - draft.n_vocab) > padding:
         raise EdgespecError(
             f"draft vocabulary has {draft.n_vocab} tokens but the target's has {target.n_vocab}: "
-            "the draft must share the target's tokenizer"
+            f"more than {padding} apart, so not the target's tokenizer padded"
         )
     for name in ("bos_id", "eos_id"):
         if getattr(target, name) != getattr(draft, name):
@@ -52,17 +60,21 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
                 f"draft {name} is {getattr(draft, name)} but the target's is {getattr(target, name)}: "
                 "the draft must share the target's tokenizer"
             )
-    if target.eog_ids != draft.eog_ids:
+    shared = min(target.n_vocab, draft.n_vocab)
+    target_eog = {i for i in target.eog_ids if i < shared}
+    draft_eog = {i for i in draft.eog_ids if i < shared}
+    if target_eog != draft_eog:
         raise EdgespecError(
-            f"draft end-of-generation ids {sorted(draft.eog_ids)} differ from the target's "
-            f"{sorted(target.eog_ids)}: the draft must share the target's tokenizer"
+            f"draft end-of-generation ids {sorted(draft_eog)} differ from the target's "
+            f"{sorted(target_eog)}: the draft must share the target's tokenizer"
         )
-    if target.texts != draft.texts:
-        i = next(i for i, (a, b) in enumerate(zip(target.texts, draft.texts, strict=True)) if a != b)
+    if target.texts[:shared] != draft.texts[:shared]:
+        i = next(i for i, (a, b) in enumerate(zip(target.texts, draft.texts, strict=False)) if a != b)
         raise EdgespecError(
             f"draft token {i} is {draft.texts[i]!r} but the target's is {target.texts[i]!r}: "
             "the draft must share the target's tokenizer"
         )
+    return "exact" if target.n_vocab == draft.n_vocab else "padded"
 
 
 class Backend:

@@ -31,18 +31,25 @@ def pull(name, revision, as_json):
     click.echo(str(pulled.path))
 
 
+# a pair's kind, as the text listing words it: check_compatible's verdict on the two vocabularies (a draft of another
+# tokenizer, translated token by token, would be a third kind, "cross-tokenizer")
+PAIR_KINDS = {"exact": "exact vocabulary", "padded": "padded vocabulary"}
+
+
 @click.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print the models and pairs as JSON")
 def models_cmd(as_json):
     """List the GGUF models in the Hugging Face cache, and the pairs of them that can run as target and draft.
 
-    A pair is two models of different repositories with the same vocabulary (the check a pair passes at load), the
-    draft the smaller; `--draft auto` with a target by hub name picks among them. Reads the files' headers only.
+    A pair is two models of different repositories whose vocabularies pass the check a pair passes at load, the draft
+    the smaller; its kind says how: "exact" (the same tokens) or "padded" (the same tokens on the ids both have, the
+    sizes up to 128 apart, as llama.cpp allows). `--draft auto` with a target by hub name picks among them. Reads the
+    files' headers only.
     """
-    from edgespec.backends.protocol import check_compatible
+    from edgespec.backends.protocol import VOCAB_PADDING
     from edgespec.errors import EdgespecError
     from edgespec.models import hub
-    from edgespec.models.draft_search import gguf_vocab
+    from edgespec.models.draft_search import gguf_vocab, pairing
 
     cached = hub.cached_models()
     vocabs = {}  # by path; None: not all parts cached, or unreadable
@@ -57,11 +64,11 @@ def models_cmd(as_json):
             vocab, draft_vocab = vocabs[target.path], vocabs[draft.path]
             if draft.repo_id == target.repo_id or draft.size >= target.size or not (vocab and draft_vocab):
                 continue
-            try:
-                check_compatible(vocab, draft_vocab)
-            except EdgespecError:
+            kind = pairing(vocab, draft_vocab)
+            if kind is None:
                 continue
-            pairs.append({"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1)})
+            pairs.append({"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1),
+                          "vocabulary": kind})
     rows = [{"name": m.name, "repo": m.repo_id, "refs": list(m.refs), "commit": m.commit, "file": m.gguf.first,
              "files": list(m.gguf.files), "parts": m.gguf.parts, "quant": hub.quant_of(m.gguf.first), "size": m.size,
              "path": str(m.path), "n_vocab": vocabs[m.path].n_vocab if vocabs[m.path] else None,
@@ -81,10 +88,11 @@ def models_cmd(as_json):
         vocab = (f"{r['vocab'][:8]} {r['n_vocab']:>6}" if r["vocab"]
                  else f"{missing} of {r['parts']} parts missing" if missing else "unreadable")
         click.echo(f"{r['name']:{width}}{r['quant'] or '-':10}{_size(r['size']):>10}  {vocab:15} {r['file']}")
-    click.echo("\npairs (target <- draft, the same vocabulary):" if pairs else "\nno pairs: no two cached models of "
-               "different repositories share a vocabulary")
+    click.echo(f"\npairs (target <- draft; exact: the same vocabulary, padded: the same tokens, sizes up to "
+               f"{VOCAB_PADDING} apart):" if pairs else "\nno pairs: no two cached models of different repositories "
+               "share a vocabulary, padded or not")
     for p in pairs:
-        click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller)")
+        click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {PAIR_KINDS[p['vocabulary']]})")
 
 
 def _size(n: int) -> str:

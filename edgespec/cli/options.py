@@ -153,7 +153,9 @@ def describe(engine: Engine) -> str:
         device = place["device"]
         if place.get("gpu_layers"):
             device += f", {place['gpu_layers']}/{place['layers']} layers"
-        return f"{backend.name} ({place['runtime']} on {device}, ctx {backend.n_ctx})"
+        vocabulary = {"padded": ", padded vocabulary", "cross-tokenizer": ", another tokenizer"}.get(
+            place.get("vocabulary"), "")
+        return f"{backend.name} ({place['runtime']} on {device}, ctx {backend.n_ctx}{vocabulary})"
 
     draft = (where(engine.draft_backend, placement["draft"]) if engine.draft_backend
              else (engine.drafter.name if engine.drafter else "none"))

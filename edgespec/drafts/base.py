@@ -18,6 +18,7 @@ from edgespec.decode.cost import DraftController
 from edgespec.decode.laws import Law, NoLaw, law
 from edgespec.decode.sampling import SamplingParams, candidates, to_probs
 from edgespec.drafts.ngram import NgramIndex
+from edgespec.drafts.padded import PaddedDraft
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
@@ -148,7 +149,8 @@ CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in i
 
 
 class ModelDrafter(Drafter):
-    """A smaller (or quantized) model sharing the target's vocabulary; it keeps its own KV cache.
+    """A smaller (or quantized) model sharing the target's vocabulary, or that vocabulary padded (drafts/padded.py);
+    it keeps its own KV cache.
 
     Its context may be shorter than the target's: it then reads a window of recent tokens. The window
     starts at a fixed token and jumps forward by half the draft's context when the text outgrows it, so
@@ -157,8 +159,10 @@ class ModelDrafter(Drafter):
     """
 
     def __init__(self, backend: Backend, target_vocab=None):
-        if target_vocab is not None:
-            check_compatible(target_vocab, backend.vocab)
+        # "exact", or "padded": the target's tokens up to padding ids more or fewer, rows handed over in its ids
+        self.pairing = "exact" if target_vocab is None else check_compatible(target_vocab, backend.vocab)
+        if self.pairing == "padded":
+            backend = PaddedDraft(backend, target_vocab)
         self.backend = backend
         self.name = f"model:{backend.name}"
         self._start = 0  # index in the context of the first token the draft reads

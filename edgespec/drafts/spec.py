@@ -88,7 +88,7 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     from edgespec.backends.model_info import read_model_info
     from edgespec.backends.open import open_model
     from edgespec.decode.cost import measure_pass_costs
-    from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
+    from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
     from edgespec.drafts.subset import SubsetDraft
     from edgespec.plan.planner import DRAFT_WINDOWS
 
@@ -120,7 +120,28 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     else:
         backend = open_model(path, n_ctx=draft_ctx, threads=threads, provider=provider, **settings)
     try:
-        return ModelDrafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
+        return model_drafter(backend, target.vocab), backend, measure_pass_costs(backend, 1)[1]
     except BaseException:
         backend.close()
         raise
+
+
+def model_drafter(backend, target_vocab):
+    """The drafter for a draft model: a ModelDrafter where its vocabulary is the target's or the target's padded
+    (check_compatible), else a CrossDrafter drafting the tokens both vocabularies spell alike (drafts/cross.py),
+    which says so on stderr; an error naming both reasons where neither can draft."""
+    from edgespec.drafts.base import ModelDrafter
+    from edgespec.drafts.cross import CrossDrafter
+    from edgespec.progress import say
+
+    try:
+        return ModelDrafter(backend, target_vocab)
+    except EdgespecError as error:
+        other = str(error)
+    try:
+        drafter = CrossDrafter(backend, target_vocab)
+    except EdgespecError as cross:
+        raise EdgespecError(f"{other}; and as a draft of another tokenizer: {cross}") from None
+    say(True, f"draft {backend.name}: another tokenizer ({other}): drafting the {drafter.map.shared} of its "
+        f"{backend.vocab.n_vocab} tokens that spell a target token (token-level intersection)")
+    return drafter

@@ -39,7 +39,8 @@ def read_vocab(source: Source) -> Vocab:
 
 
 def check_pair(target: Source, draft: Source) -> str:
-    """Raise unless the draft's vocabulary is the target's; return the shared tokenizer hash."""
+    """Raise unless the draft's vocabulary is the target's, or the target's padded (check_compatible); return the
+    target's tokenizer hash."""
     target_vocab = read_vocab(target)
     check_compatible(target_vocab, read_vocab(draft))
     return target_vocab.digest
