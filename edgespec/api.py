@@ -248,8 +248,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         draft: "auto" (the default: prompt lookup, with the shipped EAGLE head behind it on an ONNX export of the
             default model, where bench measured that faster; for a target by hub name, a smaller model with its
             vocabulary found in the hub cache or the catalogue, choose_draft), "ngram" (prompt lookup), "none", a
-            model (GGUF file, ONNX export folder or hub name) sharing the target's vocabulary (the two may be of
-            different formats), or
+            model (GGUF file, ONNX export folder or hub name; the two may be of different formats) with the
+            target's vocabulary, that vocabulary padded, or another tokenizer (drafts/spec.model_drafter), or
             heads trained for this target (*.medusa.npz or *.eagle.npz from edgespec train-heads); "eagle": the
             EAGLE head that ships for the default model; "ngram+" before a model or heads: prompt lookup where
             the text repeats itself, that draft elsewhere.

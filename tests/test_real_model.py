@@ -37,31 +37,30 @@ def subset_engine(default_gguf, subset_gguf):
     engine.close()
 
 
+def paired(target, draft, vocabulary):
+    """An engine of target and draft whose draft pairs as `vocabulary` says, closed after its tests."""
+    engine = edgespec.load(target, draft, n_ctx=1024)
+    assert engine.placement()["draft"]["vocabulary"] == vocabulary
+    yield engine
+    engine.close()
+
+
 @pytest.fixture(scope="session")
 def padded_target_engine(padded_gguf, q4_0_gguf):
     """A target with 128 padding ids more than its draft (Qwen2.5 7B's 152,064 for 0.5B's 151,936)."""
-    engine = edgespec.load(padded_gguf, q4_0_gguf, n_ctx=1024)
-    assert engine.placement()["draft"]["vocabulary"] == "padded"
-    yield engine
-    engine.close()
+    yield from paired(padded_gguf, q4_0_gguf, "padded")
 
 
 @pytest.fixture(scope="session")
 def padded_draft_engine(default_gguf, padded_q4_0_gguf):
     """A draft with 128 ids the target lacks, behind prompt lookup (ngram+): it must never propose them."""
-    engine = edgespec.load(default_gguf, f"ngram+{padded_q4_0_gguf}", n_ctx=1024)
-    assert engine.placement()["draft"]["vocabulary"] == "padded"
-    yield engine
-    engine.close()
+    yield from paired(default_gguf, f"ngram+{padded_q4_0_gguf}", "padded")
 
 
 @pytest.fixture(scope="session")
 def cross_engine(default_gguf, retokenized_q4_0_gguf):
     """A draft of another tokenizer (the draft model's ids shuffled, 2000 tokens fewer): token-level intersection."""
-    engine = edgespec.load(default_gguf, retokenized_q4_0_gguf, n_ctx=1024)
-    assert engine.placement()["draft"]["vocabulary"] == "cross-tokenizer"
-    yield engine
-    engine.close()
+    yield from paired(default_gguf, retokenized_q4_0_gguf, "cross-tokenizer")
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +90,20 @@ def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draf
         assert drafted > looked_up, (looked_up, drafted)
     if engine_name == "lookup_engine" and draft_max:  # both sources drafted (left to itself, the draft model
         assert 0 < looked_up < drafted, (looked_up, drafted)  # does not pay on this target and rarely drafts)
+
+
+def test_a_draft_of_another_tokenizer_reads_the_chat_template_s_special_tokens(cross_engine):
+    """The draft reads the committed text in its own tokens, control tokens by their text: every <|im_start|> and
+    <|im_end|> of the chat prompt (SmolLM2's BOS is <|im_start|>) reaches it as its own special token."""
+    target, drafter = cross_engine.target, cross_engine.drafter
+    context = cross_engine.prompt_tokens(PROMPTS[0])
+    seen = drafter.draft_tokens(context)
+    draft_vocab = drafter.backend.vocab
+    for text in (b"<|im_start|>", b"<|im_end|>"):
+        ids = [i for i, t in enumerate(target.vocab.texts) if t == text], [i for i, t in enumerate(draft_vocab.texts)
+                                                                           if t == text]
+        assert sum(t in ids[0] for t in context) == sum(t in ids[1] for t in seen) > 0, text
+    assert b"".join(draft_vocab.pieces[t] for t in seen) == b"".join(target.vocab.pieces[t] for t in context)
 
 
 def first_tokens(engine, prompt, seeds, draft_max):

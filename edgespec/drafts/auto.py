@@ -25,7 +25,7 @@ def auto_draft(target: str | os.PathLike) -> str:
 def choose_draft(target: str | os.PathLike | None) -> dict:
     """What "auto" stands for with this target, and why: {"draft", "reason"}, and "path" for a draft model.
 
-    A target by hub name (org/repo:QUANT): a smaller GGUF with its vocabulary, cached or catalogued
+    A target by hub name (org/repo:QUANT): a smaller GGUF with its vocabulary or that padded, cached or catalogued
     (models/draft_search.find_draft), else prompt lookup. A file or folder: prompt lookup, with the shipped EAGLE
     head behind it on an ONNX export that returns hidden states and shares the head's vocabulary and width. A hub
     target's choice is made once per process (and hub cache), so a CLI that resolves "auto" before loading reports

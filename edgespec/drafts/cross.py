@@ -4,11 +4,12 @@ A draft whose vocabulary is not the target's (nor the target's padded: check_com
 `VocabMap`, built once per pair, pairs every draft token with the target token that spells the same bytes (control
 tokens by their text: ChatML's <|im_start|> in both). `CrossDrafter` then
 
-- reads the target's committed text in its own tokens: the target tokens' bytes from a fixed start (a window that
-  jumps forward by half when the text outgrows it, as ModelDrafter's does, so the draft's cache is reused between
-  rounds), tokenized by the draft's tokenizer; the whole window again each round, since a BPE or SentencePiece
-  tokenization of a tail is not the tail of the text's (its cost is part of the draft's, which the controller
-  prices). Where the text ends inside a UTF-8 character, it does not draft that round;
+- reads the target's committed text in its own tokens: the target tokens' bytes (control tokens by their text, where
+  the draft has such a token) from a fixed start (a window that jumps forward by half when the text outgrows it,
+  as ModelDrafter's does, so the draft's cache is reused between rounds), tokenized by the draft's tokenizer: the
+  last few tokens of the last reading again with what the text gained (a BPE merge may join them), the whole
+  window where its tokens do not spell the text byte for byte (a SentencePiece prefix space). Its cost is part
+  of the draft's, which the controller prices. Where the text ends inside a UTF-8 character it does not draft;
 - drafts from its law restricted to the tokens in the intersection, renormalised and handed over as a row in the
   target's ids (-inf outside), drawn from there and fed back to the draft as its own token.
 
@@ -16,6 +17,11 @@ The law each draft token is drawn from is that restricted law over the target's 
 rule divides by, so the output is the target's at every temperature, whatever the draft reads or how well the two
 tokenizations agree. Tokens outside the intersection cost acceptance, never correctness: `intersection_mass`
 reports the share of the draft's probability they leave inside (measured at one proposal's first step in 16).
+
+With text_mode (the target's tokenizer), rounds at t = 0 draft string-level instead (SLEM, the same paper): the
+draft writes its own greedy tokens, any of them, and the target's spelling of that text is proposed with
+probability 1 each, as prompt lookup's tokens are. Measured on the reference pair it did no better than the
+intersection (docs/results/2026-11-27-cross-tokenizer.md), so the loader leaves it off.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from edgespec.errors import EdgespecError
 
 WINDOW_BYTES = 4096  # the committed text a draft reads at most: its tail, from a start that jumps by half
 MIN_SHARED = 0.5  # below this share of the draft's tokens in the intersection, a draft cannot pay: refused
+RETOKENIZE = 8  # tokens at the end of the last reading that are read again with what the text gained
 MEASURE_EVERY = 16  # proposals per measurement of the draft's mass inside the intersection (a pass over its row)
 _BYTE_TOKEN = re.compile(rb"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: the same bytes as a real token
 
@@ -104,7 +111,12 @@ class CrossDrafter(Drafter):
         self.name = f"cross:{backend.name}"
         self.pairing = "cross-tokenizer"
         self._row = np.full(target_vocab.n_vocab, -np.inf, dtype=np.float32)  # [V_target], -inf off the map
-        self._pieces = [_context_bytes(target_vocab, i) for i in range(target_vocab.n_vocab)]
+        # what each target token adds to the text the draft reads: a control token only where the draft has one of
+        # its text (a target's <|begin_of_text|> would be junk text to another family's draft)
+        self._pieces = [_spelled(target_vocab, i) if target_vocab.pieces[i] or self.map.target_to_draft[i] >= 0
+                        else b"" for i in range(target_vocab.n_vocab)]
+        self._draft_bytes = [_spelled(backend.vocab, i) for i in range(backend.vocab.n_vocab)]
+        self._incremental = True  # the draft's tokenizer spells text piece by piece (checked on every reading)
         self.mass_sum, self.mass_steps, self._proposals = 0.0, 0, 0  # over every text since load
         self.reset()
 
@@ -113,6 +125,9 @@ class CrossDrafter(Drafter):
         self._seen = 0  # target tokens in _text
         self._context: list[int] | None = None  # the target tokens _text was read from (a prefix of the next)
         self._start = 0  # byte where the draft's window starts
+        self._tokens: list[int] = []  # the draft's tokens for the window as last read
+        self._ends: list[int] = []  # the byte (from the window's start) where each ends
+        self._read: list[int] | None = None  # what draft_tokens answered last
 
     @property
     def intersection_mass(self) -> float:
@@ -122,10 +137,12 @@ class CrossDrafter(Drafter):
 
     def draft_tokens(self, context: list[int]) -> list[int] | None:
         """The draft's tokens for the committed text's window (None where it ends inside a UTF-8 character)."""
+        if context is self._context and len(context) == self._seen:
+            return self._read  # asked again in the round (catching up, then proposing)
         # the loop's committed list only grows within a generation; another list is compared with what was read
         if len(context) < self._seen or context is not self._context and (
                 self._context is None or context[:self._seen] != self._context[:self._seen]):
-            self._text, self._seen, self._start = bytearray(), 0, 0
+            self._text, self._seen, self._start, self._tokens, self._ends = bytearray(), 0, 0, [], []
         self._context = context
         for token in context[self._seen:]:
             self._text += self._pieces[token]
@@ -134,15 +151,55 @@ class CrossDrafter(Drafter):
             if len(self._text) - self._start > self.window:  # jump to a line or word break half a window back
                 cut = len(self._text) - self.window // 2
                 brk = max(self._text.rfind(b"\n", self._start, cut), self._text.rfind(b" ", self._start, cut))
-                self._start = brk + 1 if brk >= self._start else cut
-            try:
-                text = self._text[self._start:].decode("utf-8")
-            except UnicodeDecodeError:
+                start = brk + 1 if brk >= self._start else cut
+                while start < len(self._text) and self._text[start] & 0xC0 == 0x80:  # not inside a character
+                    start += 1
+                self._start, self._tokens, self._ends = start, [], []
+            if _complete(self._text) < len(self._text):
+                self._read = None
                 return None
-            tokens = self.backend.tokenize(text, special=True)
-            if len(tokens) + MAX_DRAFT <= self.backend.n_ctx or self.window < 64:
-                return tokens
+            self._read = self._retokenize()
+            if len(self._read) + MAX_DRAFT <= self.backend.n_ctx or self.window < 64:
+                return self._read
             self.window //= 2  # a text of more tokens a byte than the window assumed: read less of it
+            self._tokens, self._ends = [], []
+
+    def _retokenize(self) -> list[int]:
+        """The window's text in the draft's tokens: the tokens read last time but the last few kept, the rest of the
+        text tokenized on from where they end (a BPE merge may join the end of what was read with what came);
+        the whole window where the tokenizer does not spell text piece by piece (a SentencePiece prefix space)."""
+        window = bytes(self._text[self._start:])
+        keep = len(self._tokens) - RETOKENIZE if self._incremental else 0
+        if keep > 0:
+            offset = self._ends[keep - 1]
+            try:
+                tail = self._spell(window[offset:].decode("utf-8"), offset)
+            except UnicodeDecodeError:  # the kept tokens end inside a character (a byte-level token's half)
+                tail = None
+            if tail is not None:
+                self._tokens[keep:], self._ends[keep:] = tail
+                return self._tokens
+        whole = self._spell(window.decode("utf-8"), 0)
+        if whole is None:  # the tokens do not spell the text byte for byte: read the whole window every time
+            self._incremental = False
+            self._tokens, self._ends = self.backend.tokenize(window.decode("utf-8"), special=True), []
+        else:
+            self._tokens, self._ends = whole
+        return self._tokens
+
+    def _spell(self, text: str, offset: int) -> tuple[list[int], list[int]] | None:
+        """text in the draft's tokens (no BOS where it goes on from offset > 0) and the byte where each ends, or None
+        where those tokens' bytes are not the text's."""
+        tokens = self.backend.tokenize(text, special=True)
+        bos = self.backend.vocab.bos_id
+        added = bool(tokens) and tokens[0] == bos and not text.encode("utf-8").startswith(self._draft_bytes[bos])
+        if added and offset:  # a BOS the tokenizer puts before a text: this one goes on from another
+            tokens = tokens[1:]
+        ends, end = [], offset
+        for i, t in enumerate(tokens):
+            end += 0 if added and i == 0 else len(self._draft_bytes[t])
+            ends.append(end)
+        return (tokens, ends) if end - offset == len(text.encode("utf-8")) else None
 
     def catch_up(self, context: list[int]) -> None:
         seen = self.draft_tokens(context)
@@ -215,11 +272,9 @@ class CrossDrafter(Drafter):
         self.mass_steps += 1
 
 
-def _context_bytes(vocab: Vocab, token: int) -> bytes:
-    """What a target token adds to the text a cross-tokenizer draft reads: its bytes, or a control token's text
-    (<|im_start|>, which the draft's tokenizer parses as its own special token where it has one); nothing for BOS."""
-    if token == vocab.bos_id:
-        return b""
+def _spelled(vocab: Vocab, token: int) -> bytes:
+    """A token's bytes in text: what it prints, or a control token's text (<|im_start|>), which a tokenizer
+    reading special texts parses as that token."""
     return vocab.pieces[token] or vocab.texts[token]
 
 
