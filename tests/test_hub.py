@@ -297,13 +297,17 @@ def test_pull_prints_the_path_and_models_lists_the_cache_and_its_pairs(populated
         f"{OTHER}:Q4_K_M"]["vocab"]
     assert by_name[f"{OTHER}:Q4_K_M"]["n_vocab"] == 49152 + VOCAB_PADDING + 1
     assert by_name[f"{TARGET}:Q4_K_M"]["quant"] == "Q4_K_M"
-    # the draft with each of the target's files; not the other vocabulary (129 tokens more), nor two files of one
-    # repository
+    # the draft with each of the target's files, and with the other vocabulary (129 tokens more: not padded, so
+    # another tokenizer's, every token of the draft's spelling one of its); not two files of one repository
     assert sorted((p["target"], p["draft"], p["vocabulary"]) for p in listing["pairs"]) == [
-        (f"{TARGET}:Q4_K_M", f"{DRAFT}:tiny.gguf", "exact"), (f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf", "exact")]
+        (f"{OTHER}:Q4_K_M", f"{DRAFT}:tiny.gguf", "cross-tokenizer"),
+        (f"{TARGET}:Q4_K_M", f"{OTHER}:Q4_K_M", "cross-tokenizer"), (f"{TARGET}:Q4_K_M", f"{DRAFT}:tiny.gguf", "exact"),
+        (f"{TARGET}:Q8_0", f"{OTHER}:Q4_K_M", "cross-tokenizer"), (f"{TARGET}:Q8_0", f"{DRAFT}:tiny.gguf", "exact")]
+    assert sorted(p["shared_tokens"] for p in listing["pairs"] if "shared_tokens" in p) == [49152] * 3
     text = runner.invoke(main, ["models"]).output
     assert f"{TARGET}:Q4_K_M <- {DRAFT}:tiny.gguf (" in text and "other-Q4_K_M.gguf" in text
     assert "x smaller, exact vocabulary)" in text and "padded vocabulary)" not in text
+    assert f"{OTHER}:Q4_K_M <- {DRAFT}:tiny.gguf (" in text and "another tokenizer, 49152 tokens shared)" in text
 
 
 def test_models_says_whether_each_pair_is_exact_or_padded(cache, ggufs):
@@ -321,7 +325,7 @@ def test_models_says_whether_each_pair_is_exact_or_padded(cache, ggufs):
     assert sorted((repo[p["target"]], repo[p["draft"]], p["vocabulary"]) for p in listing["pairs"]) == [
         (padded, DRAFT, "padded"), (padded, wide, "padded"), (wide, DRAFT, "exact")]
     text = runner.invoke(main, ["models"]).output
-    assert "(target <- draft; exact: the same vocabulary, padded: the same tokens, sizes up to 128 apart)" in text
+    assert "(target <- draft; exact: the same vocabulary, padded: the same tokens, sizes up to 128 apart;" in text
     for p in listing["pairs"]:
         assert f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {p['vocabulary']} vocabulary)" in text
 

@@ -253,3 +253,16 @@ def test_empty_onnx_is_a_clear_error(onnx_export):
     (folder / "model.onnx").write_bytes(b"")
     with pytest.raises(EdgespecError):
         read_model_info(folder)
+
+
+def test_pieces_read_from_the_metadata_are_what_llama_cpp_prints(default_gguf):
+    """A GGUF's token texts decoded as its tokenizer kind writes them (byte-level BPE here) are the bytes llama.cpp
+    prints for each token, but for control tokens, which keep their text: what `edgespec models` pairs a draft of
+    another tokenizer by, without loading either."""
+    from edgespec.backends.llama.backend import LlamaTokenizer
+    from edgespec.backends.model_info import _pieces, read_gguf_vocab
+
+    read, loaded = read_gguf_vocab(default_gguf), LlamaTokenizer(default_gguf).vocab
+    differ = [i for i, (a, b) in enumerate(zip(read.pieces, loaded.pieces, strict=True)) if a != b]
+    assert 0 < len(differ) < 20 and all(loaded.pieces[i] == b"" and read.pieces[i] == read.texts[i] for i in differ)
+    assert _pieces("llama", (b"\xe2\x96\x81the", b"<0x0A>", b"<s>")) == (b" the", b"\n", b"<s>")  # SentencePiece

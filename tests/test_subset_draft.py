@@ -48,10 +48,17 @@ def test_a_subset_draft_computes_the_full_drafts_logits_on_its_tokens(q4_0_gguf,
     full.close()
 
 
-def test_the_loop_uses_a_subset_draft_and_keeps_the_targets_output(default_gguf, subset_gguf):
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded"])
+def test_the_loop_uses_a_subset_draft_and_keeps_the_targets_output(default_gguf, subset_gguf, tmp_path, padded):
+    """Also with the subset draft's vocabulary padded by 128 ids (a padded pair: its rows cut to the target's)."""
+    if padded:
+        from edgespec.models.vocab_edit import pad_vocab
+
+        subset_gguf = pad_vocab(subset_gguf, tmp_path / "subset-padded.gguf", 49152 + 128)
     engine = edgespec.load(default_gguf, subset_gguf, n_ctx=512)
     try:
         assert isinstance(engine.draft_backend, SubsetDraft)
+        assert engine.placement()["draft"]["vocabulary"] == ("padded" if padded else "exact")
         base = engine.generate("Name three primary colors.", max_tokens=32, draft_max=0)
         spec = engine.generate("Name three primary colors.", max_tokens=32, draft_max=4)
         assert spec.tokens == base.tokens and spec.stats.drafted > 0 and spec.stats.accepted > 0

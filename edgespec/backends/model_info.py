@@ -351,6 +351,8 @@ def read_gguf_vocab(path: str | os.PathLike) -> Vocab:
                 key, vtype = c.string().decode("utf-8"), c.unpack("<I")
                 if key == "tokenizer.ggml.tokens":
                     meta[key] = tuple(c.value(vtype, keep=True))
+                elif key == "tokenizer.ggml.model" and vtype == _STRING:
+                    meta[key] = c.value(vtype, keep=False).decode("utf-8", "replace")
                 elif vtype in _SCALARS and key.startswith("tokenizer.ggml."):
                     meta[key] = c.value(vtype, keep=False)
                 else:
@@ -361,5 +363,33 @@ def read_gguf_vocab(path: str | os.PathLike) -> Vocab:
     if not texts:
         raise EdgespecError(f"{path} has no tokenizer in its metadata")
     eos = meta.get("tokenizer.ggml.eos_token_id", -1)
-    return Vocab(texts=texts, pieces=texts, bos_id=meta.get("tokenizer.ggml.bos_token_id", -1), eos_id=eos,
-                 eog_ids=frozenset([eos]))
+    return Vocab(texts=texts, pieces=_pieces(meta.get("tokenizer.ggml.model"), texts),
+                 bos_id=meta.get("tokenizer.ggml.bos_token_id", -1), eos_id=eos, eog_ids=frozenset([eos]))
+
+
+def _pieces(model: str | None, texts: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The bytes each token stands for, decoded from its text as the tokenizer kind writes it: byte-level BPE
+    ("gpt2": every byte a printable character, GPT-2's table) and SentencePiece ("llama": U+2581 for a space, <0xNN>
+    for a byte); the texts themselves for another kind. Control tokens keep their text. What `edgespec models`
+    matches a draft of another tokenizer by (drafts/cross.VocabMap), as llama.cpp's own pieces are at load."""
+    if model == "gpt2":
+        table = _byte_decoder()
+        return tuple(bytes(table[ch] for ch in t.decode("utf-8", "replace")) if all(
+            ch in table for ch in t.decode("utf-8", "replace")) else t for t in texts)
+    if model == "llama":
+        return tuple(bytes([int(t[3:5], 16)]) if len(t) == 6 and t.startswith(b"<0x") and t.endswith(b">")
+                     else t.replace("\u2581".encode(), b" ") for t in texts)
+    return texts
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE table, inverted: the printable character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}

@@ -33,7 +33,7 @@ def pull(name, revision, as_json):
 
 # a pair's kind, as the text listing words it: check_compatible's verdict on the two vocabularies (a draft of another
 # tokenizer, translated token by token, would be a third kind, "cross-tokenizer")
-PAIR_KINDS = {"exact": "exact vocabulary", "padded": "padded vocabulary"}
+PAIR_KINDS = {"exact": "exact vocabulary", "padded": "padded vocabulary", "cross-tokenizer": "another tokenizer"}
 
 
 @click.command("models")
@@ -41,12 +41,14 @@ PAIR_KINDS = {"exact": "exact vocabulary", "padded": "padded vocabulary"}
 def models_cmd(as_json):
     """List the GGUF models in the Hugging Face cache, and the pairs of them that can run as target and draft.
 
-    A pair is two models of different repositories whose vocabularies pass the check a pair passes at load, the draft
-    the smaller; its kind says how: "exact" (the same tokens) or "padded" (the same tokens on the ids both have, the
-    sizes up to 128 apart, as llama.cpp allows). `--draft auto` with a target by hub name picks among them. Reads the
-    files' headers only.
+    A pair is two models of different repositories, the draft the smaller; its kind says how their vocabularies
+    pair, as at load: "exact" (the same tokens), "padded" (the same tokens on the ids both have, the sizes up to 128
+    apart, as llama.cpp allows), or "cross-tokenizer" (another tokenizer, at least half of whose tokens spell a
+    target token: drafted through those, drafts/cross.py; with `shared_tokens`). `--draft auto` with a target by
+    hub name picks among the exact and padded ones. Reads the files' headers only.
     """
     from edgespec.backends.protocol import VOCAB_PADDING
+    from edgespec.drafts.cross import MIN_SHARED, VocabMap
     from edgespec.errors import EdgespecError
     from edgespec.models import hub
     from edgespec.models.draft_search import gguf_vocab, pairing
@@ -64,11 +66,14 @@ def models_cmd(as_json):
             vocab, draft_vocab = vocabs[target.path], vocabs[draft.path]
             if draft.repo_id == target.repo_id or draft.size >= target.size or not (vocab and draft_vocab):
                 continue
-            kind = pairing(vocab, draft_vocab)
-            if kind is None:
-                continue
-            pairs.append({"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1),
-                          "vocabulary": kind})
+            pair = {"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1),
+                    "vocabulary": pairing(vocab, draft_vocab)}
+            if pair["vocabulary"] is None:  # another tokenizer: a pair where enough of its tokens spell the target's
+                shared = VocabMap(vocab, draft_vocab).shared
+                if shared < MIN_SHARED * draft_vocab.n_vocab:
+                    continue
+                pair.update(vocabulary="cross-tokenizer", shared_tokens=shared)
+            pairs.append(pair)
     rows = [{"name": m.name, "repo": m.repo_id, "refs": list(m.refs), "commit": m.commit, "file": m.gguf.first,
              "files": list(m.gguf.files), "parts": m.gguf.parts, "quant": hub.quant_of(m.gguf.first), "size": m.size,
              "path": str(m.path), "n_vocab": vocabs[m.path].n_vocab if vocabs[m.path] else None,
@@ -89,10 +94,12 @@ def models_cmd(as_json):
                  else f"{missing} of {r['parts']} parts missing" if missing else "unreadable")
         click.echo(f"{r['name']:{width}}{r['quant'] or '-':10}{_size(r['size']):>10}  {vocab:15} {r['file']}")
     click.echo(f"\npairs (target <- draft; exact: the same vocabulary, padded: the same tokens, sizes up to "
-               f"{VOCAB_PADDING} apart):" if pairs else "\nno pairs: no two cached models of different repositories "
-               "share a vocabulary, padded or not")
+               f"{VOCAB_PADDING} apart; another tokenizer: drafted through the tokens both spell):" if pairs
+               else "\nno pairs: no two cached models of different repositories share enough tokens to draft")
     for p in pairs:
-        click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {PAIR_KINDS[p['vocabulary']]})")
+        shared = f", {p['shared_tokens']} tokens shared" if "shared_tokens" in p else ""
+        click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {PAIR_KINDS[p['vocabulary']]}"
+                   f"{shared})")
 
 
 def _size(n: int) -> str:
