@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -62,6 +64,28 @@ def smollm2_checkpoint():
 
     cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
     return build_checkpoint(cache / f"smollm2-135m-instruct-{CHECKPOINT_VERSION}")
+
+
+@pytest.fixture(scope="session")
+def reference_pair(smollm2_checkpoint):
+    """(target, draft): SmolLM2-135M f32 + q4_0 as `make pair` builds them (without the parity check), cached
+    beside the checkpoint (EDGESPEC_TEST_CACHE) since the export takes about 20 s and 630 MB."""
+    from edgespec.export import export_pair
+    from edgespec.export.pair import read_manifest
+
+    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
+    folder = cache / f"smollm2-f32-q4_0-{CHECKPOINT_VERSION}"
+    if not (folder / "pair.json").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache))
+        try:
+            export_pair(str(smollm2_checkpoint), str(smollm2_checkpoint), "gguf", work, target_quant="f32",
+                        draft_quant="q4_0", progress=False, parity=False)
+            shutil.rmtree(folder, ignore_errors=True)  # a stale half, if any
+            os.replace(work, folder)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return tuple(str(p) for p in read_manifest(folder / "pair.json"))
 
 
 @pytest.fixture(scope="session")

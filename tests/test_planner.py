@@ -5,12 +5,9 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -490,28 +487,6 @@ def test_cli_plan_json(default_gguf, q4_0_gguf, tmp_path):
 
 # --- planned against measured (slow) --------------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def reference_pair(smollm2_checkpoint):
-    """(target, draft): SmolLM2-135M f32 + q4_0 as `make pair` builds them (without the parity check), cached
-    beside the checkpoint (EDGESPEC_TEST_CACHE) since the export takes about 20 s and 630 MB."""
-    from conftest import CHECKPOINT_VERSION
-
-    from edgespec.export import export_pair
-    from edgespec.export.pair import read_manifest
-
-    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
-    folder = cache / f"smollm2-f32-q4_0-{CHECKPOINT_VERSION}"
-    if not (folder / "pair.json").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache))
-        try:
-            export_pair(str(smollm2_checkpoint), str(smollm2_checkpoint), "gguf", work, target_quant="f32",
-                        draft_quant="q4_0", progress=False, parity=False)
-            shutil.rmtree(folder, ignore_errors=True)  # a stale half, if any
-            os.replace(work, folder)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return tuple(str(p) for p in read_manifest(folder / "pair.json"))
 
 
 def check_peak(result, ctx=None):

@@ -29,11 +29,12 @@ class LlamaBackend(LlamaHandles, Backend):
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
-                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None):
+                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None, outputs: int = MAX_OUTPUTS):
         """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
         each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
         prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
-        queued; on the CPU it returns when the pass is done, so starting it early gains nothing)."""
+        queued; on the CPU it returns when the pass is done, so starting it early gains nothing). outputs: the most
+        rows of logits one decode returns (backends/llama/streams.py joins a pass per stream)."""
         path = check_gguf_file(path)
         if not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
@@ -59,7 +60,7 @@ class LlamaBackend(LlamaHandles, Backend):
         # branches share are cells of several sequences in one unified cache (forward_tree)
         cparams.n_seq_max = sequences
         cparams.kv_unified = sequences > 1
-        cparams.n_outputs_max = MAX_OUTPUTS
+        cparams.n_outputs_max = outputs  # rows of logits a decode may return (streams.py joins several passes)
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
         # hidden: llama.cpp also returns the final (normed) hidden state of every row with logits,
@@ -89,7 +90,7 @@ class LlamaBackend(LlamaHandles, Backend):
         self._pending: list[int] = []  # the tail of self.tokens not in the KV cache yet (keep_branch)
         self._logits_address = logits_address()
         self._logits: tuple[int, np.ndarray] | None = None  # llama.cpp's output buffer: (address, a view of it)
-        self.sequences = sequences
+        self.sequences, self.outputs = sequences, outputs
         if overlap is None:
             from edgespec.backends.llama.lib import gpu_name
 

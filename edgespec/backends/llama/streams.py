@@ -1,0 +1,194 @@
+"""Several generations on one llama.cpp context: each a sequence of its cache, their passes joined into one decode.
+
+A pass reads the weights once however many rows it carries, so on a bandwidth-bound device the passes of several
+streams cost little more together than one of them alone; this is where batching and speculative decoding compound
+(issue 45). `SharedContext` owns a LlamaBackend opened with one sequence per stream; `stream(i)` is a Backend for
+sequence i, which the speculative loop drives as it drives any target, from a thread of its own. A stream's forward
+waits until every stream inside a generation (`begin` .. `end`) has asked for its pass, or `wait_s` has passed since
+it asked (a stream busy with its text must not stall the others), and then one llama_decode carries every waiting
+pass's rows, each stream's tokens on its own sequence at its own positions; each gets its rows back, copied (the
+output buffer serves the next pass). A pass of more than MAX_OUTPUTS tokens (a prompt's prefill) runs on its own,
+as answer_many's prefills do: llama.cpp computes passes of 64 rows or more with other kernels, which would move the
+decoding streams' logits.
+
+Each stream's loop keeps its own sampling parameters, generator, drafter and controller: the output of each is
+distributed as target-only decoding of its request, as one stream's is. Every call into llama.cpp holds one lock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.backends.llama.lib import lib as _lib
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
+from edgespec.errors import EdgespecError
+
+WAIT_S = 0.002  # how long a pass waits for the other generating streams' before it runs without them
+
+
+@dataclass
+class _Pass:
+    seq: int
+    tokens: list[int]
+    n_logits: int
+    rows: np.ndarray | None = None
+    error: BaseException | None = None
+
+
+class SharedContext:
+    """One llama.cpp context serving `backend.sequences` streams (see the module docstring)."""
+
+    def __init__(self, backend: LlamaBackend, *, wait_s: float = WAIT_S):
+        """backend: opened with a sequence per stream, no passes started ahead, and outputs for every stream's
+        pass at once (sequences * MAX_OUTPUTS)."""
+        if backend.hidden or backend.overlap:
+            raise EdgespecError("streams share a context without hidden states or passes started ahead")
+        self.backend, self.wait_s = backend, wait_s
+        self._cond = threading.Condition()
+        self._asked: dict[int, _Pass] = {}  # sequence -> the pass its stream waits for
+        self._active: set[int] = set()  # sequences inside a generation
+        self._streams = [StreamBackend(self, i) for i in range(backend.sequences)]
+        self.decodes = 0  # joined passes run (for stats and tests)
+        self.rows_decoded = 0
+
+    def stream(self, i: int) -> StreamBackend:
+        return self._streams[i]
+
+    def begin(self, i: int) -> None:
+        """Stream i starts a generation: passes wait for its until it ends."""
+        with self._cond:
+            self._active.add(i)
+
+    def end(self, i: int) -> None:
+        with self._cond:
+            self._active.discard(i)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def _forward(self, stream: StreamBackend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        if not tokens:
+            return np.empty((0, self.backend.vocab.n_vocab), dtype=np.float32)
+        p = _Pass(stream.seq, list(tokens), n_logits)
+        with self._cond:
+            if len(p.tokens) > MAX_OUTPUTS:  # a prefill: passes of its own, between the joined ones
+                self._run([p], chunked=True)
+            else:
+                self._asked[p.seq] = p
+                deadline = time.monotonic() + self.wait_s
+                while p.rows is None and p.error is None:
+                    if self._active <= set(self._asked) or time.monotonic() >= deadline:
+                        self._run_joined(list(self._asked.values()))
+                        self._asked.clear()
+                        self._cond.notify_all()
+                        break
+                    self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        if p.error is not None:
+            raise p.error
+        return p.rows
+
+    def _run_joined(self, passes: list[_Pass]) -> None:
+        """The passes in as few decodes as the context's outputs allow (backend.outputs rows each)."""
+        group, rows = [], 0
+        for p in passes:
+            if group and rows + p.n_logits > self.backend.outputs:
+                self._run(group)
+                group, rows = [], 0
+            group.append(p)
+            rows += p.n_logits
+        self._run(group)
+
+    def _run(self, passes: list[_Pass], chunked: bool = False) -> None:
+        """One llama_decode of the passes' rows (a long pass: in batches of n_batch), each stream's on its sequence
+        after its cached tokens; rows, or the error, handed to each pass, and the streams' tokens extended."""
+        backend = self.backend
+        items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
+        n_out = 0
+        for p in passes:
+            stream = self._streams[p.seq]
+            start, first_out = len(stream.tokens), len(p.tokens) - p.n_logits
+            items.extend((tok, start + j, p.seq, j >= first_out) for j, tok in enumerate(p.tokens))
+            outputs.append(n_out)
+            n_out += p.n_logits
+        try:
+            if chunked:  # one pass in batches of n_batch, as LlamaBackend.forward makes them (the same kernels)
+                rows = np.empty((n_out, backend.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
+                done = 0
+                for at in range(0, len(items), backend.n_batch):
+                    chunk = items[at:at + backend.n_batch]
+                    backend._decode(chunk)
+                    n = sum(out for *_, out in chunk)
+                    rows[done:done + n] = _rows(backend, n)
+                    done += n
+            else:
+                backend._decode(items)
+                rows = _rows(backend, n_out)
+        except EdgespecError as error:
+            for p in passes:
+                stream = self._streams[p.seq]
+                _lib().llama_memory_seq_rm(backend._mem, p.seq, len(stream.tokens), -1)  # whatever got in
+                p.error = error
+            return
+        self.decodes += 1
+        self.rows_decoded += len(items)
+        for p, first in zip(passes, outputs, strict=True):
+            p.rows = rows[first:first + p.n_logits].copy()
+            self._streams[p.seq].tokens.extend(p.tokens)
+
+    def _rollback(self, stream: StreamBackend, n_past: int) -> None:
+        with self._cond:
+            if not _lib().llama_memory_seq_rm(self.backend._mem, stream.seq, n_past, -1):
+                raise RuntimeError(f"llama_memory_seq_rm refused to truncate stream {stream.seq} to {n_past}")
+            del stream.tokens[n_past:]
+
+
+class StreamBackend(Backend):
+    """Sequence `seq` of a SharedContext as a Backend: its own tokens, its passes joined with the other streams'.
+    Its context is its share of the cache's cells."""
+
+    def __init__(self, shared: SharedContext, seq: int):
+        backend = shared.backend
+        self.shared, self.seq = shared, seq
+        self.name, self.vocab = f"{backend.name}#{seq}", backend.vocab
+        self.n_ctx = backend.n_ctx // backend.sequences
+        self.n_threads = backend.n_threads
+        self.tokens: list[int] = []
+
+    def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
+        check_forward(self, len(tokens), n_logits, MAX_OUTPUTS)
+        return self.shared._forward(self, tokens, n_logits)
+
+    def rollback(self, n_past: int) -> None:
+        if n_past < 0 or n_past > len(self.tokens):
+            raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
+        self.shared._rollback(self, n_past)
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return self.shared.backend.tokenize(text, special=special)
+
+    def chat_template(self) -> str | None:
+        return self.shared.backend.chat_template()
+
+    def memory(self) -> dict[str, int]:
+        return self.shared.backend.memory()
+
+    def placement(self) -> dict:
+        return self.shared.backend.placement()
+
+
+def _rows(backend: LlamaBackend, n_out: int) -> np.ndarray:
+    """The last decode's n_out logits rows [n_out, V], a view of llama.cpp's output buffer (valid until the next
+    decode); more than the MAX_OUTPUTS rows LlamaBackend reads where several streams' passes shared the decode."""
+    if n_out <= MAX_OUTPUTS:
+        return backend._output_rows(n_out)
+    n_vocab = backend.vocab.n_vocab
+    buffer = (ctypes.c_float * (n_out * n_vocab)).from_address(backend._logits_address(backend._ctx))
+    return np.frombuffer(buffer, dtype=np.float32).reshape(n_out, n_vocab)

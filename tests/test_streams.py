@@ -1,0 +1,71 @@
+"""Several streams on one llama.cpp context (backends/llama/streams.py, parallel.py), on the real default model:
+each stream's answer is its request's alone, at t=1 too, while the others decode beside it."""
+
+import numpy as np
+import pytest
+from stats_util import ALPHA, two_sample
+
+import edgespec
+from edgespec.bench import read_prompts
+from edgespec.errors import EdgespecError
+from edgespec.parallel import Parallel
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [row["prompt"] for row in read_prompts(None)][::6][:6]
+
+
+@pytest.fixture(scope="module")
+def alone(default_gguf):
+    engine = edgespec.load(default_gguf, "none", n_ctx=1024, threads=1)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("draft", ["none", "ngram", "model"])
+def test_greedy_streams_answer_as_each_request_alone(reference_pair, draft):
+    """Six requests on four streams (two wait for a free one) with the reference pair's f32 target: each answer is
+    the request's decoded alone; their passes ran together (fewer decodes than rounds). (A quantized target's rows
+    move by up to 0.7 between passes of other shapes, llama.cpp's kernels for more rows: enough to flip a greedy
+    choice now and then, alone as beside others; an f32 target's move by rounding only.)"""
+    target, draft_model = reference_pair
+    alone = edgespec.load(target, "none", n_ctx=1024, threads=1)
+    with Parallel(target, draft_model if draft == "model" else draft, streams=4, n_ctx=1024, threads=1) as p:
+        before = p.target.decodes
+        results = p.generate(PROMPTS, max_tokens=24, draft_max=None if draft == "none" else 3)
+        rounds = sum(r.stats.target_passes for r in results)
+        assert p.target.decodes - before - len(PROMPTS) < rounds, (p.target.decodes, rounds)  # prefills apart
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.tokens == alone.generate(prompt, max_tokens=24, draft_max=0).tokens, prompt
+        assert result.stats.drafted > 0 or draft == "none"
+    alone.close()
+
+
+def test_a_stream_samples_the_target_law_beside_others(default_gguf, alone):
+    """At t=1 the first two tokens of 160 requests (seeds 0..159) run four at a time, against 160 of the same
+    request alone: one law (two-sample test)."""
+    prompt = "red green blue, red green blue, red green blue, red green"
+    with Parallel(default_gguf, "ngram", streams=4, n_ctx=256, threads=1) as p:
+        together = [tuple(r.tokens) for r in p.generate(
+            [{"prompt": prompt, "seed": s} for s in range(160)], max_tokens=2, temperature=1.0, chat=False,
+            draft_max=3)]
+    base = [tuple(alone.generate(prompt, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
+                                 draft_max=0).tokens) for s in range(160)]
+    assert two_sample([t[0] for t in base], [t[0] for t in together]) > ALPHA
+    assert two_sample(base, together) > ALPHA and len(set(base)) > 3
+
+
+def test_one_failing_request_leaves_the_others_answered_and_says_why(default_gguf, alone):
+    with Parallel(default_gguf, "none", streams=2, n_ctx=128, threads=1) as p:
+        with pytest.raises(EdgespecError, match="context"):
+            p.generate([PROMPTS[0], "word " * 400, PROMPTS[1]], max_tokens=8)
+        again = p.generate([PROMPTS[1]], max_tokens=8)  # the context is usable after the failure
+    assert again[0].tokens == alone.generate(PROMPTS[1], max_tokens=8, draft_max=0).tokens
+
+
+def test_an_onnx_target_or_too_many_streams_are_refused(tmp_path):
+    with pytest.raises(EdgespecError, match="GGUF target"):
+        Parallel(tmp_path / "model-onnx", streams=2)
+    with pytest.raises(EdgespecError, match="streams must be 1 to 16"):
+        Parallel(tmp_path / "m.gguf", streams=17)
+    assert np.isfinite(ALPHA)
