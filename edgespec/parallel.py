@@ -54,6 +54,10 @@ class Parallel:
         self.target = shared(target, n_ctx)
         self.draft = None
         try:
+            if self.target.stream(0).n_ctx < n_ctx:  # llama.cpp holds a model to the context it was trained for
+                raise EdgespecError(f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than "
+                                    f"{Path(target).name} was trained for ({self.target.backend.n_ctx}): ask for "
+                                    "fewer streams or a shorter context")
             costs = measure_pass_costs(self.target.stream(0), k_max + 1)
             draft_cost = 0.0
             if os.fspath(draft) not in ("none", "ngram"):

@@ -63,6 +63,11 @@ def test_one_failing_request_leaves_the_others_answered_and_says_why(default_ggu
     assert again[0].tokens == alone.generate(PROMPTS[1], max_tokens=8, draft_max=0).tokens
 
 
+def test_streams_past_the_trained_context_are_refused(default_gguf):
+    with pytest.raises(EdgespecError, match="4 streams of 4096 tokens need 16384 cells, more than"):
+        Parallel(default_gguf, "none", streams=4, n_ctx=4096, threads=1)
+
+
 def test_an_onnx_target_or_too_many_streams_are_refused(tmp_path):
     with pytest.raises(EdgespecError, match="GGUF target"):
         Parallel(tmp_path / "model-onnx", streams=2)
