@@ -104,9 +104,7 @@ class Engine:
         if self.draft_backend is None:
             return {"target": self.target.placement(), "draft": None}
         model = getattr(self.drafter, "inner", self.drafter)  # behind prompt lookup (ngram+)
-        pairing = {"vocabulary": model.pairing} if hasattr(model, "pairing") else {}
-        if pairing.get("vocabulary") == "cross-tokenizer":  # how much of what it would draft the target can take
-            pairing.update(shared_tokens=model.map.shared, intersection_mass=round(model.intersection_mass, 4))
+        pairing = model.vocabulary() if hasattr(model, "vocabulary") else {}
         return {"target": self.target.placement(), "draft": {**self.draft_backend.placement(), **pairing}}
 
     def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:

@@ -168,6 +168,10 @@ class ModelDrafter(Drafter):
         self._start = 0  # index in the context of the first token the draft reads
         self._room = min(MAX_DRAFT, backend.n_ctx // 2)  # context kept free for what it drafts
 
+    def vocabulary(self) -> dict:
+        """How its vocabulary pairs with the target's, for placements."""
+        return {"vocabulary": self.pairing}
+
     def visible(self, context: list[int]) -> list[int]:
         """The tail of `context` the draft reads, leaving room for a draft after it."""
         n_ctx, room = self.backend.n_ctx, self._room

@@ -129,6 +129,12 @@ class CrossDrafter(Drafter):
         self._ends: list[int] = []  # the byte (from the window's start) where each ends
         self._read: list[int] | None = None  # what draft_tokens answered last
 
+    def vocabulary(self) -> dict:
+        """How its vocabulary pairs with the target's, for placements: the tokens shared, and the draft's mass on
+        them."""
+        return {"vocabulary": self.pairing, "shared_tokens": self.map.shared,
+                "intersection_mass": round(self.intersection_mass, 4)}
+
     @property
     def intersection_mass(self) -> float:
         """The draft's probability mass inside the intersection, averaged over the proposals measured since load
@@ -176,20 +182,17 @@ class CrossDrafter(Drafter):
                 tail = self._spell(window[offset:].decode("utf-8"), offset)
             except UnicodeDecodeError:  # the kept tokens end inside a character (a byte-level token's half)
                 tail = None
-            if tail is not None:
+            if tail is not None and tail[1] is not None:
                 self._tokens[keep:], self._ends[keep:] = tail
                 return self._tokens
-        whole = self._spell(window.decode("utf-8"), 0)
-        if whole is None:  # the tokens do not spell the text byte for byte: read the whole window every time
-            self._incremental = False
-            self._tokens, self._ends = self.backend.tokenize(window.decode("utf-8"), special=True), []
-        else:
-            self._tokens, self._ends = whole
+        self._tokens, self._ends = self._spell(window.decode("utf-8"), 0)
+        if self._ends is None:  # the tokens do not spell the text byte for byte: read the whole window every time
+            self._incremental, self._ends = False, []
         return self._tokens
 
-    def _spell(self, text: str, offset: int) -> tuple[list[int], list[int]] | None:
-        """text in the draft's tokens (no BOS where it goes on from offset > 0) and the byte where each ends, or None
-        where those tokens' bytes are not the text's."""
+    def _spell(self, text: str, offset: int) -> tuple[list[int], list[int] | None]:
+        """text in the draft's tokens (no BOS where it goes on from offset > 0) and the byte where each ends (None
+        where those tokens' bytes are not the text's)."""
         tokens = self.backend.tokenize(text, special=True)
         bos = self.backend.vocab.bos_id
         added = bool(tokens) and tokens[0] == bos and not text.encode("utf-8").startswith(self._draft_bytes[bos])
@@ -199,7 +202,7 @@ class CrossDrafter(Drafter):
         for i, t in enumerate(tokens):
             end += 0 if added and i == 0 else len(self._draft_bytes[t])
             ends.append(end)
-        return (tokens, ends) if end - offset == len(text.encode("utf-8")) else None
+        return tokens, (ends if end - offset == len(text.encode("utf-8")) else None)
 
     def catch_up(self, context: list[int]) -> None:
         seen = self.draft_tokens(context)
