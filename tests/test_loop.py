@@ -547,8 +547,8 @@ def test_token_acceptance_counts_only_the_drafts_the_verifier_judged():
 
 
 def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_computes():
-    """Prompt lookup's guess in a round it sat out is scored against the row in hand; the controller learns the score,
-    and lookup searches for the next round's guess, after the next round's pass has started (on a backend that
+    """Prompt lookup's guess in a round it sat out is scored against the row in hand; the controller learns the
+    pass's cost and the score, and lookup searches for the next round's guess, after the next round's pass has started (on a backend that
     starts passes ahead): the bookkeeping a declined draft brings runs while the device computes, as target-only
     decoding's text and consumer do."""
     order = []
@@ -563,6 +563,10 @@ def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_com
             return super().collect()
 
     class Scored(DraftController):
+        def observe(self, k, *args, **kwargs):
+            order.append("cost learnt" if k == 0 else "drafted")
+            super().observe(k, *args, **kwargs)
+
         def observe_shadow(self, p_accept):
             order.append("score learnt")
             super().observe_shadow(p_accept)
@@ -579,7 +583,8 @@ def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_com
     list(speculate(Ahead(table, n_ctx=1024), lookup, declining, [1, 2, 3], GREEDY, np.random.default_rng(0),
                    max_tokens=40, stats=stats))
     assert stats.drafted == 0 and order.count("score learnt") >= 20
-    # each round reads its row, starts the next pass, then learns and searches for the next round's guess (but the
-    # last, after which no pass comes)
+    # each round reads its row, starts the next pass, then learns the pass's cost and the guess's score and searches
+    # for the next round's guess (but the last, after which no pass comes)
     rounds = "/".join(order).split("row read/")[2:-1]
-    assert len(rounds) >= 20 and set(rounds) <= {"pass started/score learnt/searched/", "pass started/searched/"}
+    assert len(rounds) >= 20 and set(rounds) <= {"pass started/cost learnt/score learnt/searched/",
+                                                 "pass started/cost learnt/searched/"}

@@ -222,14 +222,16 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 if looked_up:
                     stats.lookup_drafted += k_round
                     stats.lookup_accepted += n_acc
-            shadow = None  # what the target would have kept of a free drafter's guess in a round it sat out
+            learn = None  # what a round the drafter sat out teaches, learnt once the next pass has started
             if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
                 learner = drafter.lookup_controller if looked_up else controller
-                learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass, draft_steps=steps)
-                if k == 0 and drafter.free:  # scored against the row we have, before a pass started may replace it
-                    guess, guess_probs = drafter.propose(committed, 1, params, rng)
-                    if guess:
-                        shadow = rule.acceptance(target_laws[0], rule.as_laws(guess_probs, 1)[0], guess[0])
+                if k_round:
+                    learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass, draft_steps=steps)
+                else:
+                    # a free drafter's guess, made before the context grows; the row's law is in hand (computed to
+                    # draw the token), so a pass started next cannot replace it
+                    guess = drafter.propose(committed, 1, params, rng) if k == 0 and drafter.free else ([], None)
+                    learn = (learner, t1 - t0, t2 - t1, n_pass, target_laws[0] if guess[0] else None, guess)
 
             kept = [*drafts[:n_acc], token]
             committed.extend(kept)  # what the next round's length is chosen for; generation may end inside it
@@ -240,8 +242,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 started = k_next == 0 and target.prefetch([token])
             # learnt while the next pass computes, where one started: the round after next is the first that this
             # round's score can move, so that a declined draft costs target-only decoding nothing
-            if shadow is not None:
-                controller.observe_shadow(shadow)
+            if learn is not None:
+                _learn_declined(*learn, steps)
             if k_next == 0 and drafter is not None:
                 drafter.ahead(committed)
             for i, tok in enumerate(kept):
@@ -267,6 +269,15 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
         if stats.finish_reason is None:
             stats.finish_reason = "cancelled"
         stats.decode_s = decode_base + clock() - t_decode
+
+
+def _learn_declined(learner, draft_s, target_s, n_pass, row_law, guess, steps) -> None:
+    """What a round without drafts teaches its controller: the one-token pass's cost, and where a free drafter
+    guessed, what the target would have kept of the guess (its shadow score against the row's law)."""
+    learner.observe(0, 0, draft_s, target_s, pass_tokens=n_pass, draft_steps=steps)
+    if row_law is not None:
+        tokens, probs = guess
+        learner.observe_shadow(rule.acceptance(row_law, rule.as_laws(probs, 1)[0], tokens[0]))
 
 
 def _length(drafter, controller, committed, draft_max, gated, room, left):
