@@ -548,9 +548,9 @@ def test_token_acceptance_counts_only_the_drafts_the_verifier_judged():
 
 def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_computes():
     """Prompt lookup's guess in a round it sat out is scored against the row in hand; the controller learns the
-    pass's cost and the score, and lookup searches for the next round's guess, after the next round's pass has started (on a backend that
-    starts passes ahead): the bookkeeping a declined draft brings runs while the device computes, as target-only
-    decoding's text and consumer do."""
+    pass's cost and the score, and lookup searches for the next round's guess, after the next round's pass has
+    started (on a backend that starts passes ahead): the bookkeeping a declined draft brings runs while the device
+    computes, as target-only decoding's text and consumer do."""
     order = []
 
     class Ahead(AheadBackend):

@@ -1,11 +1,17 @@
 """Several streams on one llama.cpp context (backends/llama/streams.py, parallel.py), on the real default model:
 each stream's answer is its request's alone, at t=1 too, while the others decode beside it."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from stats_util import ALPHA, two_sample
 
 import edgespec
+from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.backends.llama.streams import SharedContext
+from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.bench import read_prompts
 from edgespec.errors import EdgespecError
 from edgespec.parallel import Parallel
@@ -74,3 +80,43 @@ def test_an_onnx_target_or_too_many_streams_are_refused(tmp_path):
     with pytest.raises(EdgespecError, match="streams must be 1 to 16"):
         Parallel(tmp_path / "m.gguf", streams=17)
     assert np.isfinite(ALPHA)
+
+
+def test_a_long_prompt_is_read_in_batches_between_the_decoding_streams_passes(reference_pair):
+    """A request that joins with a prompt of four batches does not hold up a stream already decoding for all of
+    it: that stream's passes run between the batches; the prompt's last row is the one the same batches give on a
+    context of its own (the f32 target: llama.cpp's rounding only, 0.004 here)."""
+    target, _ = reference_pair
+    shared = SharedContext(LlamaBackend(target, n_ctx=1024, n_threads=1, n_ubatch=64, sequences=2, overlap=False,
+                                        outputs=2 * MAX_OUTPUTS), wait_s=5.0)  # no scheduling luck needed
+    decodes = []
+    decode = shared.backend._decode
+    shared.backend._decode = lambda items: decodes.append({seq for _, _, seq, _ in items}) or decode(items)
+    decoding, reader = shared.stream(0), shared.stream(1)
+    prompt = [(7 * i + 3) % 4000 + 100 for i in range(250)]  # 4 batches of 64
+    stop = threading.Event()
+
+    def decode_until_stopped():
+        shared.begin(0)
+        decoding.forward(prompt[:20], 1)
+        while not stop.is_set():
+            decoding.forward([int(np.argmax(decoding.forward([5], 1)[-1]))], 1)
+        shared.end(0)
+
+    thread = threading.Thread(target=decode_until_stopped)
+    thread.start()
+    while len(decoding.tokens) < 24:  # it decodes
+        time.sleep(0.01)
+    shared.begin(1)
+    last_row = reader.forward(prompt, 1)[-1]
+    shared.end(1)
+    stop.set()
+    thread.join()
+    mine = [i for i, seqs in enumerate(decodes) if seqs == {1}]
+    assert len(mine) == 4
+    assert all(any(decodes[j] == {0} for j in range(a + 1, b)) for a, b in zip(mine, mine[1:], strict=False))
+    alone = LlamaBackend(target, n_ctx=512, n_threads=1, n_ubatch=64, sequences=1)
+    expected = alone.forward(prompt, 1)[-1]  # equal but for rounding: attention reads the other stream's cells too
+    assert np.abs(last_row - expected).max() < 0.05 and np.argmax(last_row) == np.argmax(expected)
+    alone.close()
+    shared.close()

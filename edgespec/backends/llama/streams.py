@@ -8,8 +8,9 @@ waits until every stream inside a generation (`begin` .. `end`) has asked for it
 it asked (a stream busy with its text must not stall the others), and then one llama_decode carries every waiting
 pass's rows, each stream's tokens on its own sequence at its own positions; each gets its rows back, copied (the
 output buffer serves the next pass). A pass of more than MAX_OUTPUTS tokens (a prompt's prefill) runs on its own,
-as answer_many's prefills do: llama.cpp computes passes of 64 rows or more with other kernels, which would move the
-decoding streams' logits.
+in batches of n_batch tokens with the others' joined passes between them (a request joins between rounds and a
+long prompt holds the decoding streams up by one batch at a time), as answer_many's prefills do: llama.cpp
+computes passes of 64 rows or more with other kernels, which would move the decoding streams' logits.
 
 Each stream's loop keeps its own sampling parameters, generator, drafter and controller: the output of each is
 distributed as target-only decoding of its request, as one stream's is. Every call into llama.cpp holds one lock.
@@ -54,6 +55,7 @@ class SharedContext:
         self._cond = threading.Condition()
         self._asked: dict[int, _Pass] = {}  # sequence -> the pass its stream waits for
         self._active: set[int] = set()  # sequences inside a generation
+        self._prefilling: set[int] = set()  # sequences reading a prompt: the others' passes do not wait for them
         self._streams = [StreamBackend(self, i) for i in range(backend.sequences)]
         self.decodes = 0  # joined passes run (for stats and tests)
         self.rows_decoded = 0
@@ -77,23 +79,55 @@ class SharedContext:
     def _forward(self, stream: StreamBackend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         if not tokens:
             return np.empty((0, self.backend.vocab.n_vocab), dtype=np.float32)
+        if len(tokens) > MAX_OUTPUTS:
+            return self._prefill(stream, list(tokens), n_logits)
         p = _Pass(stream.seq, list(tokens), n_logits)
         with self._cond:
-            if len(p.tokens) > MAX_OUTPUTS:  # a prefill: passes of its own, between the joined ones
-                self._run([p], chunked=True)
-            else:
-                self._asked[p.seq] = p
-                deadline = time.monotonic() + self.wait_s
-                while p.rows is None and p.error is None:
-                    if self._active <= set(self._asked) or time.monotonic() >= deadline:
-                        self._run_joined(list(self._asked.values()))
-                        self._asked.clear()
-                        self._cond.notify_all()
-                        break
-                    self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            self._asked[p.seq] = p
+            deadline = time.monotonic() + self.wait_s
+            while p.rows is None and p.error is None:
+                if self._active - self._prefilling <= set(self._asked) or time.monotonic() >= deadline:
+                    self._run_asked()
+                    break
+                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
         if p.error is not None:
             raise p.error
         return p.rows
+
+    def _run_asked(self) -> None:
+        """The passes the streams are waiting for, joined; their streams woken. Called holding the lock."""
+        if self._asked:
+            self._run_joined(list(self._asked.values()))
+            self._asked.clear()
+            self._cond.notify_all()
+
+    def _prefill(self, stream: StreamBackend, tokens: list[int], n_logits: int) -> np.ndarray:
+        """A long pass (a prompt): in batches of n_batch tokens, as LlamaBackend.forward makes them (the same
+        kernels, so the same cache), each a decode of its own. Between batches the decoding streams' joined pass
+        runs, so a long prompt holds them up by one batch at a time; and they do not wait for this stream's."""
+        rows, first_out = [], len(tokens) - n_logits
+        with self._cond:
+            self._prefilling.add(stream.seq)
+            self._cond.notify_all()  # passes waiting for this stream's need not
+        try:
+            for at in range(0, len(tokens), self.backend.n_batch):
+                chunk = tokens[at:at + self.backend.n_batch]
+                p = _Pass(stream.seq, chunk, max(0, at + len(chunk) - max(first_out, at)))
+                with self._cond:  # the decoding streams' next pass first (waited for up to wait_s)
+                    deadline, decodes = time.monotonic() + self.wait_s, self.decodes
+                    while self._active - self._prefilling - set(self._asked) and self.decodes == decodes \
+                            and time.monotonic() < deadline:
+                        self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                    self._run_asked()
+                    self._run([p])
+                if p.error is not None:
+                    raise p.error
+                rows.append(p.rows)
+        finally:
+            with self._cond:
+                self._prefilling.discard(stream.seq)
+                self._cond.notify_all()
+        return np.concatenate(rows)
 
     def _run_joined(self, passes: list[_Pass]) -> None:
         """The passes in as few decodes as the context's outputs allow (backend.outputs rows each)."""
@@ -106,9 +140,9 @@ class SharedContext:
             rows += p.n_logits
         self._run(group)
 
-    def _run(self, passes: list[_Pass], chunked: bool = False) -> None:
-        """One llama_decode of the passes' rows (a long pass: in batches of n_batch), each stream's on its sequence
-        after its cached tokens; rows, or the error, handed to each pass, and the streams' tokens extended."""
+    def _run(self, passes: list[_Pass]) -> None:
+        """One llama_decode of the passes' rows, each stream's on its sequence after its cached tokens; rows, or
+        the error, handed to each pass, and the streams' tokens extended."""
         backend = self.backend
         items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
         n_out = 0
@@ -119,18 +153,8 @@ class SharedContext:
             outputs.append(n_out)
             n_out += p.n_logits
         try:
-            if chunked:  # one pass in batches of n_batch, as LlamaBackend.forward makes them (the same kernels)
-                rows = np.empty((n_out, backend.vocab.n_vocab), dtype=np.float32)  # [n_logits, V]
-                done = 0
-                for at in range(0, len(items), backend.n_batch):
-                    chunk = items[at:at + backend.n_batch]
-                    backend._decode(chunk)
-                    n = sum(out for *_, out in chunk)
-                    rows[done:done + n] = _rows(backend, n)
-                    done += n
-            else:
-                backend._decode(items)
-                rows = _rows(backend, n_out)
+            backend._decode(items)
+            rows = _rows(backend, n_out) if n_out else None  # a prompt's batch before its last has none
         except EdgespecError as error:
             for p in passes:
                 stream = self._streams[p.seq]
@@ -140,7 +164,8 @@ class SharedContext:
         self.decodes += 1
         self.rows_decoded += len(items)
         for p, first in zip(passes, outputs, strict=True):
-            p.rows = rows[first:first + p.n_logits].copy()
+            p.rows = rows[first:first + p.n_logits].copy() if n_out else np.empty((0, backend.vocab.n_vocab),
+                                                                                    dtype=np.float32)
             self._streams[p.seq].tokens.extend(p.tokens)
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
