@@ -71,18 +71,28 @@ def llama_bin(given: str | None) -> Path:
     return cache
 
 
-class Server:
-    """A llama-server on a free loopback port, for one configuration."""
+def free_port() -> int:
+    """A loopback port that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, binary: Path, target: str, threads: int, ctx: int, extra: list[str]):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+
+class Server:
+    """A llama-server on a free loopback port, for one configuration. ctx: the context of all slots together
+    (llama-server's -c); slots: requests it decodes at once (-np)."""
+
+    def __init__(self, binary: Path, target: str, threads: int, ctx: int, extra: list[str], slots: int = 1):
+        self.port = free_port()
         self.process = subprocess.Popen([str(binary), "-m", target, "--port", str(self.port), "-t", str(threads),
-                                         "-tb", str(threads), "-c", str(ctx), "-np", "1", *extra],
+                                         "-tb", str(threads), "-c", str(ctx), "-np", str(slots), *extra],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_healthy(f"llama-server {' '.join(extra)}")
+
+    def wait_healthy(self, what: str) -> None:
+        """Return once GET /health answers 200; exit naming `what` if the process ends first or 120 s pass."""
         deadline = time.time() + 120
-        while time.time() < deadline:
+        while time.time() < deadline and self.process.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -90,7 +100,7 @@ class Server:
             except OSError:
                 time.sleep(0.3)
         self.close()
-        sys.exit(f"llama-server {' '.join(extra)} did not start")
+        sys.exit(f"{what} did not start")
 
     def answer(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[int, float]:
         """(tokens generated, decode tok/s) for one chat answer."""

@@ -21,37 +21,76 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgespec.api import K_MAX, Engine, Result
+from edgespec.api import CALIBRATION_TEXT, K_MAX, Engine, Result, resolve_model
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.decode.cost import DraftController, measure_pass_costs
+from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
+from edgespec.drafts.auto import AUTO_DRAFT, choose_draft
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
+from edgespec.drafts.spec import model_drafter, parse_draft
 from edgespec.errors import EdgespecError
+from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
 
 
 class Parallel:
-    """Up to `streams` generations at once on one llama.cpp target (see the module docstring). draft: "none",
-    "ngram" (prompt lookup per stream) or a draft model's GGUF (its steps joined across streams as the target's
-    passes are). n_ctx: each stream's context. gpu_layers: target and draft layers on the GPU (default: all where
-    this llama.cpp has a GPU)."""
+    """Up to `streams` generations at once on one llama.cpp target (see the module docstring).
 
-    def __init__(self, target: str | os.PathLike, draft: str | os.PathLike = "ngram", *, streams: int = 4,
-                 n_ctx: int = 2048, threads: int | None = None, gpu_layers: int | None = None, k_max: int = K_MAX):
-        if Path(target).suffix.lower() != ".gguf":
-            raise EdgespecError(f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target "
-                                "answers one request at a time")
+    target: a GGUF file or hub name (None: the default model). draft: "auto" (api.load's choice: prompt lookup, or
+    a catalogued draft model for a hub target), "none", "ngram" (prompt lookup per stream) or a draft model (GGUF
+    file or hub name, the target's vocabulary, padded, or another tokenizer; its steps joined across streams as
+    the target's passes are); heads draft one stream at a time. n_ctx: each stream's context. gpu_layers: target
+    and draft layers on the GPU (default: all where this llama.cpp has a GPU). device, budget, kv_type, profiles:
+    plan the memory of `streams` contexts (api.plan_for) and refuse what cannot fit before any weights load."""
+
+    def __init__(self, target: str | os.PathLike | None = None, draft: str | os.PathLike | None = "ngram", *,
+                 streams: int = 4, n_ctx: int = 2048, threads: int | None = None, gpu_layers: int | str | None = None,
+                 k_max: int = K_MAX, device: str | None = None, budget: str | int | None = None,
+                 kv_type: str | None = None, profiles: str | os.PathLike | None = None):
+        if target is None:
+            from edgespec.models.default import default_target
+
+            target = default_target()
         if not 1 <= streams <= MAX_OUTPUTS:
             raise EdgespecError(f"streams must be 1 to {MAX_OUTPUTS} (the sequences a context holds), got {streams}")
-        layers = gpu_layers if gpu_layers is not None else (ALL_LAYERS if gpu_name() else 0)
+        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
+        if draft == AUTO_DRAFT:
+            choice = {**choose_draft(target), "auto": True}
+            draft = choice.pop("path", choice["draft"])
+        self.draft_choice = choice
+        target = resolve_model(target)
+        spec = parse_draft(draft).resolved()
+        if Path(target).is_dir() or Path(target).suffix.lower() != ".gguf":
+            raise EdgespecError(f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target "
+                                "answers one request at a time")
+        if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
+            raise EdgespecError(f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and "
+                                "prompt lookup in front of a draft run one stream at a time")
+        layers = placement.parse_gpu_layers(gpu_layers)
+        settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
+        draft_settings = dict(settings)
+        self.plan = None
+        if device is not None or budget is not None:  # every stream's cells planned as one context of their sum
+            from edgespec.api import plan_for
+            from edgespec.plan.report import refusal
+
+            self.plan = plan_for(target, str(spec), device=device, budget=budget, n_ctx=n_ctx * streams,
+                                 kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False)
+            if not self.plan.fits:
+                raise EdgespecError(f"{streams} streams of {n_ctx} tokens: {refusal(self.plan)}")
+            settings = {"kv_type": self.plan.target.kv_type, "n_gpu_layers": self.plan.target.n_gpu_layers}
+            if self.plan.draft is not None:
+                draft_settings = {"kv_type": self.plan.draft.kv_type, "n_gpu_layers": self.plan.draft.n_gpu_layers}
+        if layers is not None:  # asked for: over the plan's
+            settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
         self.streams = streams
 
-        def shared(path, ctx):
-            return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, n_gpu_layers=layers,
-                                              sequences=streams, overlap=False, outputs=streams * MAX_OUTPUTS))
+        def shared(path, ctx, s):
+            return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,
+                                              overlap=False, outputs=streams * MAX_OUTPUTS, **s))
 
-        self.target = shared(target, n_ctx)
+        self.target = shared(target, n_ctx, settings)
         self.draft = None
         try:
             if self.target.stream(0).n_ctx < n_ctx:  # llama.cpp holds a model to the context it was trained for
@@ -59,25 +98,54 @@ class Parallel:
                                     f"{Path(target).name} was trained for ({self.target.backend.n_ctx}): ask for "
                                     "fewer streams or a shorter context")
             costs = measure_pass_costs(self.target.stream(0), k_max + 1)
-            draft_cost = 0.0
-            if os.fspath(draft) not in ("none", "ngram"):
-                self.draft = shared(draft, min(n_ctx, 1024) + MAX_DRAFT)
+            draft_cost, prior, read_cost = 0.0, None, None
+            if spec.kind == "model":
+                self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings)
                 draft_cost = measure_pass_costs(self.draft.stream(0), 1)[1]
+                read_cost = measure_read_cost(self.draft.stream(0))
+            self.engines: list[Engine] = []
+            for i in range(streams):
+                drafter = None
+                if self.draft is not None:
+                    drafter = model_drafter(self.draft.stream(i), self.target.backend.vocab, quiet=i > 0)
+                    if prior is None and drafter.pairing != "cross-tokenizer":  # as api.load sets it, once
+                        calibration = self.target.stream(0).tokenize(CALIBRATION_TEXT, special=True)
+                        prior = agreement(self.target.stream(0), drafter.backend, calibration)
+                elif spec.kind == "lookup":
+                    drafter = PromptLookupDrafter(self.target.backend.vocab.n_vocab)
+                controller = DraftController(dict(costs), draft_cost, k_max) if drafter is not None else None
+                if controller is not None and prior is not None:
+                    controller.set_prior(prior)
+                if controller is not None and read_cost is not None:
+                    controller.read_cost = read_cost
+                self.engines.append(Engine(self.target.stream(i), drafter, controller,
+                                           self.draft.stream(i) if self.draft else None, self.plan,
+                                           draft_choice=choice))
         except BaseException:
             self.close()
             raise
-        self._engines = []
-        for i in range(streams):
-            if self.draft is not None:
-                from edgespec.drafts.spec import model_drafter
 
-                drafter = model_drafter(self.draft.stream(i), self.target.backend.vocab)
-            else:
-                drafter = PromptLookupDrafter(self.target.backend.vocab.n_vocab) if os.fspath(draft) == "ngram" \
-                    else None
-            controller = DraftController(dict(costs), draft_cost, k_max) if drafter is not None else None
-            self._engines.append(Engine(self.target.stream(i), drafter, controller,
-                                        self.draft.stream(i) if self.draft else None))
+    @property
+    def name(self) -> str:
+        """The target's name (its file's)."""
+        return self.target.backend.name
+
+    @property
+    def draft_name(self) -> str:
+        if self.draft is not None:
+            return self.draft.backend.name
+        return self.engines[0].drafter.name if self.engines[0].drafter is not None else "none"
+
+    def placement(self) -> dict:
+        """Where the models run (Engine.placement), with the number of streams."""
+        return {**self.engines[0].placement(), "streams": self.streams}
+
+    def begin(self, stream: int) -> None:
+        """Stream `stream` starts a generation: the others' passes wait briefly for its (SharedContext.begin)."""
+        self.target.begin(stream)  # a draft model's steps join whichever others are waiting, never wait
+
+    def end(self, stream: int) -> None:
+        self.target.end(stream)
 
     def generate(self, requests: Sequence[str | dict], **common) -> list[Result]:
         """Answer each request (a prompt, or a dict of Engine.generate's arguments with "prompt"), `common`
@@ -90,19 +158,19 @@ class Parallel:
         errors: list[BaseException] = []
 
         def serve(stream: int) -> None:
-            engine = self._engines[stream]
+            engine = self.engines[stream]
             while True:
                 try:
                     i, request = todo.get_nowait()
                 except queue.Empty:
                     return
-                self.target.begin(stream)  # a draft model's steps join whichever others are waiting, never wait
+                self.begin(stream)
                 try:
                     results[i] = engine.generate(request.pop("prompt"), **{**common, **request})
                 except BaseException as error:  # noqa: BLE001 (handed to the caller below)
                     errors.append(error)
                 finally:
-                    self.target.end(stream)
+                    self.end(stream)
 
         workers = [threading.Thread(target=serve, args=(s,), daemon=True)
                    for s in range(min(self.streams, len(requests)))]

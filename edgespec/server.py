@@ -5,12 +5,15 @@ Endpoints: POST /v1/chat/completions and /v1/completions (streamed as server-sen
 Every completion carries its generation's speculative statistics (drafted, accepted, acceptance rate, ...)
 in an extra top-level `edgespec` field, which OpenAI clients ignore; a stream sends them with its last chunk.
 
-One generation at a time: the engine holds one KV cache per model, so requests queue (first come, first
-served; edgespec/server_limits.py) and each generation runs on a worker thread, leaving the event loop free
-to accept requests and to notice disconnects. A client that goes away stops its generation at the next token
-(Stream.close), which frees the engine; the next generation re-syncs the caches from its own prompt, so
-nothing of a cancelled one carries over. At most `max_queue` requests are admitted at once (the one
-generating included); more are refused with a 429 and a Retry-After header. A request that runs past
+One generation at a time on an Engine, which holds one KV cache per model; or one per stream of a Parallel
+(`edgespec serve --parallel N`: a sequence of one llama.cpp context each, their passes joined into one decode a
+round). Requests take the slots as they come free (first come, first served; edgespec/server_limits.py), the
+slot whose cache holds the request's conversation so far where one does (its prefix is not read again), and
+each generation runs on its slot's worker thread, leaving the event loop free to accept requests and to notice
+disconnects. A client that goes away stops its generation at the next token (Stream.close), which frees its
+slot; the next generation there re-syncs the caches from its own prompt, so nothing of a cancelled one carries
+over. At most `max_queue` requests are admitted at once (those generating included); more are refused with a
+429 and a Retry-After header. A request that runs past
 `request_timeout` seconds from its arrival, waiting included, is stopped and answered with a 504 (a stream
 that has started ends with an error event instead). Errors come back in OpenAI's shape
 (edgespec/server_errors.py).
@@ -24,6 +27,7 @@ import json
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
@@ -31,9 +35,11 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgespec.api import LONGEST_DRAFT, Engine
+from edgespec.backends.protocol import common_prefix
 from edgespec.decode.loop import Stats
 from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
+from edgespec.parallel import Parallel
 from edgespec.server_errors import (
     KeyRefusedError,
     RequestTimeoutError,
@@ -153,9 +159,10 @@ class CompletionRequest(Sampling):
 class Generation:
     """One request's generation on a worker thread; its events arrive on an asyncio queue as
     ("event", Event), then ("done", Stream) or ("error", exception). stop() ends it at the next token.
-    on_end(generation) runs on the event loop once the engine is free, before the last item arrives."""
+    on_end(generation) runs on the event loop once its slot is free, before the last item arrives."""
 
-    def __init__(self, engine: Engine, prompt, chat: bool, args: dict, on_end):
+    def __init__(self, slots: Slots, slot: int, prompt, chat: bool, args: dict, on_end):
+        self.slot = slot
         self.queue: asyncio.Queue = asyncio.Queue()
         self._stop = threading.Event()
         self.finish_reason: str | None = None  # the loop's, once the thread has ended
@@ -165,8 +172,9 @@ class Generation:
         put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
 
         def run():
+            slots.begin(slot)
             try:
-                stream = engine.stream(prompt, chat=chat, **args)
+                stream = slots.engines[slot].stream(prompt, chat=chat, **args)
                 self.stats = stream.stats
                 for event in stream:
                     if self._stop.is_set():
@@ -177,29 +185,75 @@ class Generation:
                 last = ("done", stream)
             except Exception as e:  # EdgespecError for the client; anything else is ours, reported as 500
                 last = ("error", e)
+            finally:
+                slots.end(slot)
             loop.call_soon_threadsafe(on_end, self)  # before the last item: counted by the time the client hears
             put(last)
 
-        loop.run_in_executor(None, run)
+        loop.run_in_executor(slots.executor, run)
 
     def stop(self) -> None:
         self._stop.set()
 
 
 
-def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | None = None,
-               default_max_tokens: int = 256, max_queue: int = 16,
-               request_timeout: float | None = 600.0) -> FastAPI:
-    """The app serving `engine`. api_key: required as 'Authorization: Bearer KEY' when set (not on /health or
-    /metrics). model_id: the name /v1/models lists and responses report (default: the target's file name).
-    max_queue: most requests admitted at once, the one generating included; more get a 429.
-    request_timeout: seconds a request may take from its arrival, waiting included (None: no limit)."""
+class Slots:
+    """What the app serves: one Engine (one generation at a time) or a Parallel's streams, an Engine each; a
+    worker thread per slot (executor: the one an Engine was loaded on, `loading_thread`). begin/end bracket a
+    slot's generation (a Parallel's streams wait briefly for each other's passes while they generate)."""
+
+    def __init__(self, engine: Engine | Parallel, executor: ThreadPoolExecutor | None = None):
+        self.parallel = not isinstance(engine, Engine)
+        self.engines: list[Engine] = engine.engines if self.parallel else [engine]
+        self.name = engine.name if self.parallel else engine.target.name
+        self.draft = engine.draft_name if self.parallel else _draft_name(engine)
+        self.begin = engine.begin if self.parallel else (lambda slot: None)
+        self.end = engine.end if self.parallel else (lambda slot: None)
+        self.executor = executor or ThreadPoolExecutor(len(self.engines), thread_name_prefix="edgespec-slot")
+        self._used = [0] * len(self.engines)  # when each slot last took a request (a count)
+
+    def pick(self, prompt, chat: bool):
+        """A function choosing a request's slot among the free ones: the one whose cache holds the prompt's
+        conversation so far, where one does (at least half its cached tokens lead the prompt: its next turn),
+        else the one used longest ago (the conversation least likely to come back)."""
+        tokens = self.engines[0].prompt_tokens(prompt, chat=chat) if len(self.engines) > 1 else []
+
+        def choose(free: list[int]) -> int:
+            def reuse(slot: int) -> int:
+                return common_prefix(self.engines[slot].target.tokens, tokens)
+
+            best = max(free, key=reuse)
+            cached = len(self.engines[best].target.tokens)
+            slot = best if cached and reuse(best) * 2 >= cached else min(free, key=self._used.__getitem__)
+            self._used[slot] = max(self._used) + 1
+            return slot
+
+        return choose
+
+
+def loading_thread() -> ThreadPoolExecutor:
+    """A worker thread to load an Engine on and then to serve it from (create_app's executor): llama.cpp's CPU
+    passes take 1.5x as long once a second thread has decoded (backends/llama/streams.py, _DecodeThread), and
+    loading measures passes."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-slot")
+
+
+def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_id: str | None = None,
+               default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
+               executor: ThreadPoolExecutor | None = None) -> FastAPI:
+    """The app serving `engine`: an Engine (one generation at a time) or a Parallel (one a stream). api_key:
+    required as 'Authorization: Bearer KEY' when set (not on /health or /metrics). model_id: the name /v1/models
+    lists and responses report (default: the target's file name). max_queue: most requests admitted at once,
+    those generating included; more get a 429. request_timeout: seconds a request may take from its arrival,
+    waiting included (None: no limit). executor: where an Engine's generations run: the loading_thread() it was
+    loaded on (default: a new thread; on the CPU its passes then take longer than on the loading thread)."""
     if max_queue < 1:
         raise EdgespecError(f"the queue must hold at least 1 request, got {max_queue}")
     if request_timeout is not None and request_timeout <= 0:
         raise EdgespecError(f"the request timeout must be positive, got {request_timeout}")
-    served = model_id or engine.target.name
-    admission = Admission(max_queue)
+    slots = Slots(engine, executor)
+    served = model_id or slots.name
+    admission = Admission(max_queue, len(slots.engines))
     metrics = Metrics()
     last = {"finish_reason": None}  # of the last generation, for /health
     app = FastAPI(title="edgespec", description="OpenAI-compatible speculative decoding server")
@@ -215,12 +269,13 @@ def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | No
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served, "draft": _draft_name(engine), "busy": admission.lock.locked(),
-                "waiting": admission.waiting, "last_finish_reason": last["finish_reason"]}
+        return {"status": "ok", "model": served, "draft": slots.draft, "busy": admission.in_flight > 0,
+                "slots": admission.slots, "slots_busy": admission.in_flight, "waiting": admission.waiting,
+                "last_finish_reason": last["finish_reason"]}
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue),
+        return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue, admission.slots),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
@@ -239,25 +294,30 @@ def create_app(engine: Engine, *, api_key: str | None = None, model_id: str | No
     def ended(gen: Generation) -> None:
         last.update(finish_reason=gen.finish_reason)
         metrics.add(gen.stats, time.perf_counter() - gen.started)
-        admission.leave()
+        admission.leave(gen.slot)
 
     async def complete(request: Request, body: Sampling, prompt, chat: bool):
         problem = body.refusal()
         if problem:
             return error(400, problem[1], param=problem[0])
         if not admission.admit():
-            return queue_full(admission.admitted, metrics.retry_after())
+            return queue_full(admission.admitted, metrics.retry_after(admission.slots))
         deadline = None if request_timeout is None else asyncio.get_running_loop().time() + request_timeout
         ids = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                "model": served}
         try:
-            await admission.turn(deadline)
+            pick = slots.pick(prompt, chat)
+        except BaseException:
+            admission.admitted -= 1
+            raise
+        try:
+            slot = await admission.turn(deadline, pick)
         except TimeoutError:
             return failure(RequestTimeoutError(request_timeout))
         try:
-            gen = Generation(engine, prompt, chat, body.engine_args(default_max_tokens), ended)
+            gen = Generation(slots, slot, prompt, chat, body.engine_args(default_max_tokens), ended)
         except BaseException:
-            admission.leave()
+            admission.leave(slot)
             raise
         watcher = asyncio.ensure_future(_stop_on_disconnect(request, gen))
         streaming = False  # once the response streams, _sse stops the generation
@@ -298,7 +358,8 @@ async def _next(gen: Generation, deadline: float | None, limit: float | None):
 def _usage(stream) -> dict:
     s = stream.stats
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated,
-            "total_tokens": s.prompt_tokens + s.generated}
+            "total_tokens": s.prompt_tokens + s.generated,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
 
 async def _stop_on_disconnect(request: Request, gen: Generation) -> None:
@@ -358,11 +419,12 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
         watcher.cancel()
 
 
-def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0) -> None:
+def serve(engine: Engine | Parallel, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
+          executor: ThreadPoolExecutor | None = None) -> None:
     """Serve `engine` until interrupted; the arguments after port are create_app's."""
     import uvicorn
 
     app = create_app(engine, api_key=api_key, default_max_tokens=default_max_tokens, max_queue=max_queue,
-                     request_timeout=request_timeout)
+                     request_timeout=request_timeout, executor=executor)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,9 +1,10 @@
 """What `edgespec serve` lets in and what it counts: the admission queue and the /metrics counters.
 
-The engine serves one generation at a time, so requests take it in turn (first come, first served). At most
-`max_queue` are admitted at once, the one generating included; the app refuses more with a 429 whose
-Retry-After is one mean generation (`Metrics.retry_after`). A request's wait for the engine ends at its
-deadline (the app's `request_timeout` from its arrival); the app answers past it with a 504.
+An Engine serves one generation at a time, a Parallel one a stream: requests take these slots as they come free
+(first come, first served). At most `max_queue` are admitted at once, those generating included; the app refuses
+more with a 429 whose Retry-After is one mean generation over the slots (`Metrics.retry_after`). A request's wait
+for a slot ends at its deadline (the app's `request_timeout` from its arrival); the app answers past it with a
+504.
 
 Metrics are updated on the event loop only and rendered in Prometheus' text format for GET /metrics.
 Nothing here imports FastAPI: the middleware is a plain ASGI one.
@@ -13,22 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from edgespec.decode.loop import Stats
 
 
 class Admission:
-    """At most `size` requests admitted at once, the one generating included; they take the engine in turn,
-    first come, first served. Every admitted request leaves exactly once: through `leave`."""
+    """At most `size` requests admitted at once, those generating included; they take the `slots` engines (a
+    stream each, or the one engine) as these come free, first come, first served. Every admitted request that got
+    a slot leaves exactly once, through `leave`; one that gave up waiting left already."""
 
-    def __init__(self, size: int):
-        self.size, self.admitted, self.lock = size, 0, asyncio.Lock()
+    def __init__(self, size: int, slots: int = 1):
+        self.size, self.slots, self.admitted = size, slots, 0
+        self.free = set(range(slots))
+        self._waiters: deque[asyncio.Future] = deque()
+        self._woken = 0  # waiters handed a free slot that have not taken it yet
 
     @property
     def in_flight(self) -> int:
-        return 1 if self.lock.locked() else 0
+        return self.slots - len(self.free)
 
     @property
     def waiting(self) -> int:
@@ -40,20 +45,43 @@ class Admission:
         self.admitted += 1
         return True
 
-    async def turn(self, deadline: float | None) -> None:
-        """Wait for the engine until `deadline` (loop time; None: no limit). TimeoutError past it, which, like
-        a cancelled wait, leaves the queue."""
+    async def turn(self, deadline: float | None, pick=min) -> int:
+        """Wait for a free slot until `deadline` (loop time; None: no limit) and take the one pick(free slots)
+        names. TimeoutError past the deadline, which, like a cancelled wait, leaves the queue."""
         try:
-            async with asyncio.timeout_at(deadline):
-                await self.lock.acquire()  # a cancelled acquire never holds the lock (Python >= 3.11)
+            if self._waiters or len(self.free) <= self._woken:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await waiter
+                except BaseException:
+                    if waiter.done() and not waiter.cancelled():  # woken as it gave up: the next one goes instead
+                        self._woken -= 1
+                        self._wake()
+                    else:
+                        self._waiters.remove(waiter)
+                    raise
+                self._woken -= 1
         except BaseException:
             self.admitted -= 1
             raise
+        slot = pick(sorted(self.free))
+        self.free.remove(slot)
+        return slot
 
-    def leave(self) -> None:
-        """The engine is free again: the request that held it leaves."""
-        self.lock.release()
+    def leave(self, slot: int = 0) -> None:
+        """The slot is free again: the request that held it leaves."""
+        self.free.add(slot)
         self.admitted -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and len(self.free) > self._woken:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                self._woken += 1
 
 
 @dataclass
@@ -75,11 +103,11 @@ class Metrics:
             self.drafted += stats.drafted
             self.accepted += stats.accepted
 
-    def retry_after(self) -> int:
-        """Seconds until a full queue likely has room: one mean generation, at least 1."""
-        return max(1, math.ceil(self.generation_s / self.generations)) if self.generations else 1
+    def retry_after(self, slots: int = 1) -> int:
+        """Seconds until a full queue likely has room: one mean generation over the slots, at least 1."""
+        return max(1, math.ceil(self.generation_s / self.generations / slots)) if self.generations else 1
 
-    def text(self, waiting: int, in_flight: int, max_queue: int) -> str:
+    def text(self, waiting: int, in_flight: int, max_queue: int, slots: int = 1) -> str:
         """Prometheus' text exposition format, version 0.0.4."""
         rows = [("edgespec_requests_total", "counter", "Responses to /v1 requests, by HTTP status.",
                  [(f'{{status="{status}"}}', n) for status, n in sorted(self.responses.items())]),
@@ -91,9 +119,9 @@ class Metrics:
                 ("edgespec_generation_seconds_total", "counter", "Wall time generations held the engine.",
                  [("", round(self.generation_s, 6))]),
                 ("edgespec_queue_depth", "gauge", "Requests waiting for the engine.", [("", waiting)]),
-                ("edgespec_requests_in_flight", "gauge", "Requests generating (the engine serves one at a time).",
-                 [("", in_flight)]),
-                ("edgespec_queue_limit", "gauge", "Most requests admitted at once, the one generating included.",
+                ("edgespec_requests_in_flight", "gauge", "Requests generating (one a slot).", [("", in_flight)]),
+                ("edgespec_slots", "gauge", "Generations the server runs at once (--parallel).", [("", slots)]),
+                ("edgespec_queue_limit", "gauge", "Most requests admitted at once, those generating included.",
                  [("", max_queue)])]
         lines = []
         for name, kind, help_text, samples in rows:

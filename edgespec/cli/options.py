@@ -106,7 +106,15 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
-        def load_engine(other_draft=None, **extra):
+        def load_engine(other_draft=None, streams=1, **extra):
+            if streams > 1:  # several generations at once on one llama.cpp context (edgespec/parallel.py)
+                from edgespec.parallel import Parallel
+
+                if tree_width > 1:
+                    raise EdgespecError("draft trees run one stream at a time: drop --tree-width or --parallel")
+                return Parallel(target, other_draft or draft, streams=streams, n_ctx=n_ctx or 2048, threads=threads,
+                                gpu_layers=gpu_layers, device=device, budget=budget, kv_type=kv_type,
+                                profiles=profiles)
             other = parse_draft(other_draft) if other_draft is not None else None
             chains = other is not None and (other.heads is None or other.lookup_first)
             width = 1 if chains else tree_width

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -123,22 +124,34 @@ def chat(load_engine, system, **sampling):
               help="Most requests admitted at once, the one generating included; more get a 429 with Retry-After")
 @click.option("--request-timeout", type=Finite(0, min_open=True), default=600.0, show_default=True,
               help="Seconds a request may take from its arrival, waiting included; past it, a 504")
-def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout):
+@click.option("--parallel", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Requests generated at once, each a stream of one llama.cpp context with its own drafts, their "
+                   "passes joined into one decode a round (GGUF targets; prompt lookup or a draft model); --ctx is "
+                   "each stream's")
+def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout, parallel):
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
 
-    One model pair, loaded once; requests are answered one at a time, in order.
+    One model pair, loaded once; requests are answered one at a time in order, or --parallel of them at once.
     """
     try:
+        from edgespec.server import loading_thread
         from edgespec.server import serve as run_server
     except ImportError as e:
         raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
             from None
+    target = load_engine.options["target"]
+    onnx = target is not None and (Path(target).is_dir() or Path(target).suffix.lower() == ".onnx")
     status("loading models and measuring draft costs ...")
-    engine = load_engine()
-    status(f"{describe(engine)}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+    streams = 1 if onnx else parallel
+    executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on
+    engine = executor.submit(load_engine).result() if executor else load_engine(streams=streams)
+    how = (f"; {streams} streams at once, their passes joined" if streams > 1 else "; one request at a time"
+           + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and parallel > 1 else ""))
+    first = engine.engines[0] if streams > 1 else engine
+    status(f"{describe(first)}{how}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
     print_choice(engine.draft_choice)
     try:
         run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
-                   max_queue=max_queue, request_timeout=request_timeout)
+                   max_queue=max_queue, request_timeout=request_timeout, executor=executor)
     finally:
         engine.close()

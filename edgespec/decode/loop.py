@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend, sync
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, common_prefix, sync
 from edgespec.decode import rule
 from edgespec.decode.constraint import Constraint
 from edgespec.decode.cost import DraftController
@@ -36,6 +36,7 @@ class Event:
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens: those the target's cache held already (an earlier turn's prefix)
     generated: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -84,6 +85,7 @@ class Stats:
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated,
             "drafted": self.drafted,
             "accepted": self.accepted,
@@ -168,6 +170,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     t_start = clock()
     if drafter is not None:  # a drafter that follows the target's states starts without one
         drafter.reset()
+    stats.cached_tokens = common_prefix(target.tokens, committed[:-1])
     sync(target, committed[:-1], 0)
     # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
     # it only if a probe comes

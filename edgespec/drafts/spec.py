@@ -126,10 +126,11 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
         raise
 
 
-def model_drafter(backend, target_vocab):
+def model_drafter(backend, target_vocab, *, quiet: bool = False):
     """The drafter for a draft model: a ModelDrafter where its vocabulary is the target's or the target's padded
     (check_compatible), else a CrossDrafter drafting the tokens both vocabularies spell alike (drafts/cross.py),
-    which says so on stderr; an error naming both reasons where neither can draft."""
+    which says so on stderr (unless quiet: a stream after the first); an error naming both reasons where neither
+    can draft."""
     from edgespec.drafts.base import ModelDrafter
     from edgespec.drafts.cross import CrossDrafter
     from edgespec.progress import say
@@ -142,6 +143,6 @@ def model_drafter(backend, target_vocab):
         drafter = CrossDrafter(backend, target_vocab)
     except EdgespecError as cross:
         raise EdgespecError(f"{other}; and as a draft of another tokenizer: {cross}") from None
-    say(True, f"draft {backend.name}: another tokenizer ({other}): drafting the {drafter.map.shared} of its "
+    say(not quiet, f"draft {backend.name}: another tokenizer ({other}): drafting the {drafter.map.shared} of its "
         f"{backend.vocab.n_vocab} tokens that spell a target token (token-level intersection)")
     return drafter

@@ -22,6 +22,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,37 @@ from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
 from edgespec.errors import EdgespecError
 
 WAIT_S = 0.002  # how long a pass waits for the other generating streams' before it runs without them
+POLL_S = 0.0002  # past WAIT_S, how often a pass looks whether the decode thread is free
+
+
+class _DecodeThread:
+    """The one thread that runs every decode of the process's shared contexts, whichever stream asks.
+
+    llama.cpp's CPU backend runs a pass on an OpenMP team of the calling thread: once a second thread has decoded,
+    passes take 1.5x as long on two cores, also back on the first (15 -> 22 ms a pass of the reference target;
+    decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-streams.md).
+    A stream's thread hands its decode here and waits: about 30 us a decode, shared by the streams it carries."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="edgespec-decode")
+        self._thread: threading.Thread | None = None
+        self.pending = 0  # decodes handed over and not done: while there are, a pass waiting for others loses nothing
+
+    def call(self, fn):
+        if threading.current_thread() is self._thread:
+            return fn()
+        self.pending += 1  # under the GIL: a racing reader sees a decode late or early, never a wrong answer
+        try:
+            return self._executor.submit(self._run, fn).result()
+        finally:
+            self.pending -= 1
+
+    def _run(self, fn):
+        self._thread = threading.current_thread()
+        return fn()
+
+
+DECODER = _DecodeThread()
 
 
 @dataclass
@@ -86,10 +118,13 @@ class SharedContext:
             self._asked[p.seq] = p
             deadline = time.monotonic() + self.wait_s
             while p.rows is None and p.error is None:
-                if self._active - self._prefilling <= set(self._asked) or time.monotonic() >= deadline:
+                # past the deadline the pass still waits while the decode thread has other work (another stream's
+                # draft steps): it could not start sooner, and that stream's pass may join it
+                late = time.monotonic() >= deadline
+                if self._active - self._prefilling <= set(self._asked) or late and not DECODER.pending:
                     self._run_asked()
                     break
-                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                self._cond.wait(timeout=POLL_S if late else max(deadline - time.monotonic(), 0.0))
         if p.error is not None:
             raise p.error
         return p.rows
@@ -153,8 +188,11 @@ class SharedContext:
             outputs.append(n_out)
             n_out += p.n_logits
         try:
-            backend._decode(items)
-            rows = _rows(backend, n_out) if n_out else None  # a prompt's batch before its last has none
+            def decode():
+                backend._decode(items)
+                return _rows(backend, n_out).copy() if n_out else None  # a prompt's batch before its last has none
+
+            rows = DECODER.call(decode)
         except EdgespecError as error:
             for p in passes:
                 stream = self._streams[p.seq]
@@ -164,8 +202,7 @@ class SharedContext:
         self.decodes += 1
         self.rows_decoded += len(items)
         for p, first in zip(passes, outputs, strict=True):
-            p.rows = rows[first:first + p.n_logits].copy() if n_out else np.empty((0, backend.vocab.n_vocab),
-                                                                                    dtype=np.float32)
+            p.rows = rows[first:first + p.n_logits] if n_out else np.empty((0, backend.vocab.n_vocab), dtype=np.float32)
             self._streams[p.seq].tokens.extend(p.tokens)
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
@@ -182,7 +219,7 @@ class StreamBackend(Backend):
     def __init__(self, shared: SharedContext, seq: int):
         backend = shared.backend
         self.shared, self.seq = shared, seq
-        self.name, self.vocab = f"{backend.name}#{seq}", backend.vocab
+        self.name, self.vocab = backend.name, backend.vocab
         self.n_ctx = backend.n_ctx // backend.sequences
         self.n_threads = backend.n_threads
         self.tokens: list[int] = []
