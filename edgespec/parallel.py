@@ -34,6 +34,17 @@ from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
 
 
+def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
+    """Pass costs for 1..rows rows from those measured (1..n), never less for more rows (timings are noisy);
+    beyond n, on the line through the last two (a pass of more rows than one stream sends)."""
+    n, costs, most = max(measured), {}, 0.0
+    step = max(measured[n] - measured[n - 1], 0.0) if n > 1 else measured[n]
+    for r in range(1, rows + 1):
+        most = max(most, measured[r] if r <= n else measured[n] + step * (r - n))
+        costs[r] = most
+    return costs
+
+
 class Parallel:
     """Up to `streams` generations at once on one llama.cpp target (see the module docstring).
 
@@ -85,6 +96,7 @@ class Parallel:
         if layers is not None:  # asked for: over the plan's
             settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
         self.streams = streams
+        self._lock = threading.Lock()
 
         def shared(path, ctx, s):
             return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,
@@ -97,7 +109,11 @@ class Parallel:
                 raise EdgespecError(f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than "
                                     f"{Path(target).name} was trained for ({self.target.backend.n_ctx}): ask for "
                                     "fewer streams or a shorter context")
-            costs = measure_pass_costs(self.target.stream(0), k_max + 1)
+            # passes of up to streams + k_max rows: a stream drafting k beside others that send a token each
+            self._rows_cost = _rows_costs(measure_pass_costs(self.target.stream(0), min(streams + k_max, MAX_OUTPUTS)),
+                                          streams + k_max)
+            self._k_max, self._active = k_max, set()
+            costs = self._batch_costs(1)
             draft_cost, prior, read_cost = 0.0, None, None
             if spec.kind == "model":
                 self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings)
@@ -113,7 +129,9 @@ class Parallel:
                         prior = agreement(self.target.stream(0), drafter.backend, calibration)
                 elif spec.kind == "lookup":
                     drafter = PromptLookupDrafter(self.target.backend.vocab.n_vocab)
-                controller = DraftController(dict(costs), draft_cost, k_max) if drafter is not None else None
+                controller = None
+                if drafter is not None:
+                    controller = DraftController(dict(costs), draft_cost, k_max, learn_costs=False)
                 if controller is not None and prior is not None:
                     controller.set_prior(prior)
                 if controller is not None and read_cost is not None:
@@ -141,11 +159,31 @@ class Parallel:
         return {**self.engines[0].placement(), "streams": self.streams}
 
     def begin(self, stream: int) -> None:
-        """Stream `stream` starts a generation: the others' passes wait briefly for its (SharedContext.begin)."""
+        """Stream `stream` starts a generation: the others' passes wait briefly for its (SharedContext.begin), and
+        every stream's controller prices its passes among one more."""
         self.target.begin(stream)  # a draft model's steps join whichever others are waiting, never wait
+        self._reprice(stream, True)
 
     def end(self, stream: int) -> None:
         self.target.end(stream)
+        self._reprice(stream, False)
+
+    def _reprice(self, stream: int, generating: bool) -> None:
+        with self._lock:
+            (self._active.add if generating else self._active.discard)(stream)
+            costs = self._batch_costs(max(len(self._active), 1))
+            for engine in self.engines:
+                if engine.controller is not None:
+                    engine.controller.set_pass_costs(costs)
+
+    def _batch_costs(self, active: int) -> dict[int, float]:
+        """What a verify of n tokens costs a stream among `active` generating streams that send a token each: its
+        share of the joined pass of `active` rows, and the rows its drafts add to it. With C(r) a pass of r rows,
+        c(n) = C(active) / active + C(active - 1 + n) - C(active). Choosing by these, a stream drafts exactly
+        where its expected extra tokens beat the batch's tokens per second for the time its rows add (a verify
+        of 4 streams x 5 tokens is not 4 verifies of 5); alone (active 1) they are the measured costs."""
+        c = self._rows_cost
+        return {n: c[active] / active + c[active - 1 + n] - c[active] for n in range(1, self._k_max + 2)}
 
     def generate(self, requests: Sequence[str | dict], **common) -> list[Result]:
         """Answer each request (a prompt, or a dict of Engine.generate's arguments with "prompt"), `common`

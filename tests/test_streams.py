@@ -120,3 +120,23 @@ def test_a_long_prompt_is_read_in_batches_between_the_decoding_streams_passes(re
     assert np.abs(last_row - expected).max() < 0.05 and np.argmax(last_row) == np.argmax(expected)
     alone.close()
     shared.close()
+
+
+def test_each_streams_controller_prices_its_passes_among_the_generating_streams(reference_pair):
+    """Alone a stream's costs are the passes measured; among s streams a verify of n tokens costs it its share of
+    the joined pass of s rows plus the rows its drafts add; and costs follow streams starting and ending."""
+    from edgespec.parallel import _rows_costs
+
+    assert _rows_costs({1: 1.0, 2: 0.9, 3: 2.0}, 5) == {1: 1.0, 2: 1.0, 3: 2.0, 4: 3.1, 5: 4.2}
+    target, _ = reference_pair
+    with Parallel(target, "ngram", streams=3, n_ctx=256, threads=1) as p:
+        c = p._rows_cost
+        controllers = [engine.controller for engine in p.engines]
+        assert all(not k.learn_costs and k.target_costs == {n: c[n] for n in range(1, 10)} for k in controllers)
+        p.begin(0)
+        p.begin(2)
+        expected = {n: c[2] / 2 + c[1 + n] - c[2] for n in range(1, 10)}
+        assert all(k.target_costs == pytest.approx(expected) for k in controllers)
+        p.end(2)
+        p.end(0)
+        assert controllers[1].target_costs == pytest.approx({n: c[n] for n in range(1, 10)})

@@ -121,6 +121,7 @@ class DraftController:
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
     prior: tuple[float, float] | None = None  # (accepted, rejected) pseudo-counts measured at load (set_prior)
+    learn_costs: bool = True  # observe moves target_costs towards the passes timed (False: set_pass_costs sets them)
     # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
     bin_accepted: list[float] = field(default_factory=lambda: [
         BIN_PRIOR * (i + 0.5) / CONFIDENCE_BINS for i in range(CONFIDENCE_BINS)])
@@ -362,6 +363,12 @@ class DraftController:
         self._surveyed = None
         self._survey()  # now, while the loop's next pass computes (decode/loop.py), not when the next length is chosen
 
+    def set_pass_costs(self, costs: dict[int, float]) -> None:
+        """Price verify passes by `costs` (n tokens -> seconds) from here on: what a pass of a stream among others
+        costs it (parallel.Parallel, with learn_costs off: a joined pass's time is not this stream's cost)."""
+        self.target_costs = dict(costs)
+        self._surveyed = self._spent = None
+
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
                 pass_tokens: int | None = None, draft_steps: int | None = None) -> None:
         """Record one round: n_drafted tokens proposed (a tree: its depth), n_accepted kept, and what each side
@@ -370,8 +377,9 @@ class DraftController:
         per step, not per kept token: the gate counts its unkept step itself, and a cost per kept token would
         count it twice and read a hard text's short chains as a slower draft."""
         n = pass_tokens if pass_tokens is not None else n_drafted + 1
-        old = self.target_costs.get(n, target_s)
-        self.target_costs[n] = (1 - EMA) * old + EMA * target_s
+        if self.learn_costs:
+            old = self.target_costs.get(n, target_s)
+            self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
             self._surveyed = self._spent = None
         if n_drafted:
