@@ -159,9 +159,11 @@ class CompletionRequest(Sampling):
 class Generation:
     """One request's generation on a worker thread; its events arrive on an asyncio queue as
     ("event", Event), then ("done", Stream) or ("error", exception). stop() ends it at the next token.
-    on_end(generation) runs on the event loop once its slot is free, before the last item arrives."""
+    on_end(generation) runs on the event loop once its slot is free, before the last item arrives.
+    whole: the events arrive together at the end (an answer sent whole needs no wake-up of the event loop per
+    token: on two cores, work beside a pass slows the pass)."""
 
-    def __init__(self, slots: Slots, slot: int, prompt, chat: bool, args: dict, on_end):
+    def __init__(self, slots: Slots, slot: int, prompt, chat: bool, args: dict, on_end, whole: bool = False):
         self.slot = slot
         self.queue: asyncio.Queue = asyncio.Queue()
         self._stop = threading.Event()
@@ -169,7 +171,10 @@ class Generation:
         self.stats: Stats | None = None  # the loop's, once it has started
         self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        put = lambda item: loop.call_soon_threadsafe(self.queue.put_nowait, item)  # noqa: E731
+        held = []  # events of a whole answer, put with the last item
+
+        def put(*items):
+            loop.call_soon_threadsafe(lambda: [self.queue.put_nowait(item) for item in items])
 
         def run():
             slots.begin(slot)
@@ -179,7 +184,10 @@ class Generation:
                 for event in stream:
                     if self._stop.is_set():
                         break
-                    put(("event", event))
+                    if whole:
+                        held.append(("event", event))
+                    else:
+                        put(("event", event))
                 stream.close()
                 self.finish_reason = stream.stats.finish_reason
                 last = ("done", stream)
@@ -188,7 +196,7 @@ class Generation:
             finally:
                 slots.end(slot)
             loop.call_soon_threadsafe(on_end, self)  # before the last item: counted by the time the client hears
-            put(last)
+            put(*held, last)
 
         loop.run_in_executor(slots.executor, run)
 
@@ -315,7 +323,8 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
         except TimeoutError:
             return failure(RequestTimeoutError(request_timeout))
         try:
-            gen = Generation(slots, slot, prompt, chat, body.engine_args(default_max_tokens), ended)
+            gen = Generation(slots, slot, prompt, chat, body.engine_args(default_max_tokens), ended,
+                             whole=not body.stream)
         except BaseException:
             admission.leave(slot)
             raise

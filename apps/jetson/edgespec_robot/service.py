@@ -14,9 +14,11 @@ budget from edgespec's planner, which refuses, before loading anything, a pair t
 """
 
 import argparse
+import functools
 import json
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import edgespec
@@ -27,13 +29,20 @@ SYSTEM = ("You control a robot. Answer every command with one JSON object: the a
 
 
 class Robot:
-    """A loaded pair and the schema; `act` turns one command into an action (thread-safe, one at a time)."""
+    """A loaded pair and the schema; `act` turns one command into an action (thread-safe, one at a time).
+    executor: the one thread the engine was loaded on, where every generation then runs (llama.cpp's CPU passes
+    take 1.5x as long once a second thread has decoded: edgespec.server.loading_thread); None: the caller's."""
 
-    def __init__(self, engine: edgespec.Engine, schema: dict, max_tokens: int = 96):
-        self.engine, self.schema, self.max_tokens = engine, schema, max_tokens
+    def __init__(self, engine: edgespec.Engine, schema: dict, max_tokens: int = 96, executor=None):
+        self.engine, self.schema, self.max_tokens, self.executor = engine, schema, max_tokens, executor
         self._lock = threading.Lock()
 
     def act(self, command: str) -> dict:
+        if self.executor is not None:
+            return self.executor.submit(self._act, command).result()
+        return self._act(command)
+
+    def _act(self, command: str) -> dict:
         command = command.strip()
         if not command:
             return {"command": command, "error": "empty command"}
@@ -101,10 +110,14 @@ def main(argv: list[str] | None = None) -> None:
         text = (open(args.schema).read() if args.schema
                 else resources.files("edgespec").joinpath("data/robot.schema.json").read_text())
         schema = json.loads(text)
-        engine = edgespec.load(args.target, args.draft, device=args.device, budget=args.budget, threads=args.threads)
+        # over HTTP, requests arrive on many threads: the engine loads on one and answers every command there
+        executor = ThreadPoolExecutor(1, thread_name_prefix="edgespec-robot") if args.http else None
+        load = functools.partial(edgespec.load, args.target, args.draft, device=args.device, budget=args.budget,
+                                 threads=args.threads)
+        engine = executor.submit(load).result() if executor else load()
     except (OSError, ValueError, EdgespecError) as e:
         sys.exit(f"edgespec_robot: {e}")
-    robot = Robot(engine, schema, args.max_tokens)
+    robot = Robot(engine, schema, args.max_tokens, executor)
     print(f"edgespec_robot: ready ({engine.target.name}, draft {args.draft})", file=sys.stderr, flush=True)
     if args.http:
         import uvicorn
