@@ -211,7 +211,7 @@ class Slots:
     slot's generation (a Parallel's streams wait briefly for each other's passes while they generate)."""
 
     def __init__(self, engine: Engine | Parallel, executor: ThreadPoolExecutor | None = None):
-        self.parallel = not isinstance(engine, Engine)
+        self.parallel = hasattr(engine, "engines")  # a Parallel, or anything with its engines, begin and end
         self.engines: list[Engine] = engine.engines if self.parallel else [engine]
         self.name = engine.name if self.parallel else engine.target.name
         self.draft = engine.draft_name if self.parallel else _draft_name(engine)

@@ -92,12 +92,12 @@ class LoopClock:
 
 
 @contextmanager
-def served(backend, drafter=None, clock=None, **options):
-    """(raw HTTP client, openai client) for the app on an engine over `backend`, served by uvicorn on loopback
-    in this process, on an event loop that reads `clock` (a LoopClock). Clients time out, and the server runs on
-    a daemon thread, so a server that never answers fails its test instead of hanging it. A gated backend is
-    opened on the way out, so its thread ends."""
-    app = create_app(Engine(backend, drafter, controller()), **options)
+def served(backend, drafter=None, clock=None, engine=None, **options):
+    """(raw HTTP client, openai client) for the app on an engine over `backend` (or on `engine`), served by uvicorn
+    on loopback in this process, on an event loop that reads `clock` (a LoopClock). Clients time out, and the
+    server runs on a daemon thread, so a server that never answers fails its test instead of hanging it. A gated
+    backend is opened on the way out, so its thread ends."""
+    app = create_app(engine or Engine(backend, drafter, controller()), **options)
     # idle connections stay open however far a test skips the clock
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1,
                                            timeout_keep_alive=3600))
@@ -312,3 +312,71 @@ def test_serve_passes_the_queue_and_time_limit_options_on(monkeypatch):
     assert (served_with["max_queue"], served_with["request_timeout"]) == (3, 2.5)
     result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--max-queue", "0"])
     assert result.exit_code == 1 and "--max-queue" in result.output
+
+
+class Streams:
+    """What the server needs of a Parallel: an engine per stream (here each over its own gated fake), begin/end."""
+
+    def __init__(self, backends):
+        self.engines = [Engine(b, None, None) for b in backends]
+        self.name, self.draft_name, self.draft_choice = "fake", "none", {}
+        self.begun = []
+
+    def begin(self, stream):
+        self.begun.append(stream)
+
+    def end(self, stream):
+        pass
+
+
+def test_with_two_streams_two_requests_generate_at_once_and_the_queue_counts_past_them():
+    backends = [GatedFake(free=1), GatedFake(free=1)]  # each stream's prefill passes, its first token waits
+    streams = Streams(backends)
+    ask = dict(model="any", messages=PROMPT, max_tokens=6, temperature=0)
+    pool = ThreadPoolExecutor(3)
+    with served(None, engine=streams, max_queue=3) as (http, client):
+        running = [pool.submit(client.chat.completions.create, **ask) for _ in range(2)]
+        for backend in backends:
+            backend.blocked.wait(timeout=60)
+        waiting = pool.submit(client.chat.completions.create, **ask)
+        until(lambda: scrape(http)["edgespec_queue_depth"] == 1)
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(**ask)
+        metrics = scrape(http)
+        assert (metrics["edgespec_requests_in_flight"], metrics["edgespec_slots"]) == (2, 2)
+        assert http.get("/health").json()["slots_busy"] == 2 and sorted(streams.begun) == [0, 1]
+        backends[1].gate.set()  # stream 1's request finishes first: the waiting one takes stream 1
+        assert waiting.result(timeout=60).choices[0].message.content == "bcdebc"
+        assert sorted(streams.begun[:2]) == [0, 1] and streams.begun[2] == 1
+        until(lambda: sum(r.done() for r in running) == 1)  # the one on stream 0 still waits for its gate
+        backends[0].gate.set()
+        assert [r.result(timeout=60).choices[0].message.content for r in running] == ["bcdebc"] * 2
+        until(lambda: scrape(http)["edgespec_requests_in_flight"] == 0)
+    pool.shutdown(wait=False)
+
+
+def test_admission_hands_free_slots_out_first_come_first_served():
+    from edgespec.server_limits import Admission
+
+    async def scenario():
+        admission = Admission(size=5, slots=2)
+        assert all(admission.admit() for _ in range(5)) and not admission.admit()
+        first, second = await admission.turn(None), await admission.turn(None, pick=max)
+        assert (first, second) == (0, 1) and admission.in_flight == 2
+        late = asyncio.ensure_future(admission.turn(asyncio.get_running_loop().time() + 0.01))
+        third = asyncio.ensure_future(admission.turn(None))
+        fourth = asyncio.ensure_future(admission.turn(None))
+        with pytest.raises(TimeoutError):  # gave up waiting: it leaves the queue and the admitted count
+            await late
+        assert (admission.admitted, admission.waiting) == (4, 2)
+        admission.leave(1)
+        assert await third == 1 and not fourth.done()  # in order of arrival
+        fourth.cancel()  # a client that went away while waiting
+        with pytest.raises(asyncio.CancelledError):
+            await fourth
+        assert (admission.admitted, admission.waiting) == (2, 0)
+        admission.leave(0)
+        admission.leave(1)
+        assert (admission.admitted, admission.free) == (0, {0, 1})
+
+    asyncio.run(scenario())
