@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -39,7 +39,6 @@ from edgespec.backends.protocol import common_prefix
 from edgespec.decode.loop import Stats
 from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
-from edgespec.parallel import Parallel
 from edgespec.server_errors import (
     KeyRefusedError,
     RequestTimeoutError,
@@ -50,6 +49,9 @@ from edgespec.server_errors import (
     queue_full,
 )
 from edgespec.server_limits import Admission, CountResponses, Metrics
+
+if TYPE_CHECKING:
+    from edgespec.parallel import Parallel
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}  # ours -> OpenAI's
 

@@ -33,7 +33,7 @@ from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
 from edgespec.errors import EdgespecError
 
 WAIT_S = 0.002  # how long a pass waits for the other generating streams' before it runs without them
-POLL_S = 0.0002  # past WAIT_S, how often a pass looks whether the decode thread is free
+POLL_S = 0.001  # past WAIT_S, how often a pass looks whether the decode thread is free
 
 
 class _DecodeThread:
@@ -41,22 +41,25 @@ class _DecodeThread:
 
     llama.cpp's CPU backend runs a pass on an OpenMP team of the calling thread: once a second thread has decoded,
     passes take 1.5x as long on two cores, also back on the first (15 -> 22 ms a pass of the reference target;
-    decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-streams.md).
+    decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-serve-load.md).
     A stream's thread hands its decode here and waits: about 30 us a decode, shared by the streams it carries."""
 
     def __init__(self):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="edgespec-decode")
         self._thread: threading.Thread | None = None
+        self._count = threading.Lock()
         self.pending = 0  # decodes handed over and not done: while there are, a pass waiting for others loses nothing
 
     def call(self, fn):
         if threading.current_thread() is self._thread:
             return fn()
-        self.pending += 1  # under the GIL: a racing reader sees a decode late or early, never a wrong answer
+        with self._count:
+            self.pending += 1
         try:
             return self._executor.submit(self._run, fn).result()
         finally:
-            self.pending -= 1
+            with self._count:
+                self.pending -= 1
 
     def _run(self, fn):
         self._thread = threading.current_thread()
