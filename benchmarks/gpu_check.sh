@@ -8,7 +8,8 @@
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
 # generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's
-# time, BASICS=0 the default-placement generate and the pass costs. Steps that would run past DEADLINE
+# time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
+# streams on one context, experiments/streams_throughput.py). Steps that would run past DEADLINE
 # seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
 # process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
 # prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
@@ -108,6 +109,11 @@ if [ "${TRACE:-1}" = 1 ]; then
   step 90 "$OUT/trace-ngram.json" "each round of prompt lookup left to the controller" \
     python3 /tmp/llama-first.py experiments/controller_trace.py --target "$model" --draft ngram --json \
     --prompt "Explain how vaccines train the immune system." --prompt "Write a short story about a lighthouse keeper."
+fi
+if [ "${STREAMS:-1}" = 1 ]; then  # issue 45: several requests on one context, where a pass of 4 x 5 rows is cheap
+  step 150 "$OUT/streams.json" "8 requests one at a time and 4 at a time (none, prompt lookup, the draft model)" \
+    python3 /tmp/llama-first.py experiments/streams_throughput.py --target "$model" --draft "$draft" --prompts 8 \
+    --max-tokens 64 --streams 4 --reps 2 --threads 8 --json
 fi
 rm -f "$model" "$draft"
 if [ "${LOOP:-1}" = 1 ]; then

@@ -5,10 +5,11 @@ throughput of the whole server and the wait of each request. For each client cou
 started on its own, one at a time, on a free loopback port with room for C streams: llama-server with `-np C` slots
 (its `-c` the total context, --ctx per slot) plain, with the draft model (`--spec-type draft-simple`, as
 vs_llama_cpp.py runs it) and with prompt lookup (`--spec-type ngram-simple`); edgespec serve --parallel C
-target-only, with the same draft and with prompt lookup (--ctx per stream). Both on the CPU with --threads threads.
-After one warm-up request, C client threads each send --per-client chat requests in turn (non-streaming; greedy
-with no top-k, top-p or min-p; a fixed seed per request): client i takes prompts i, i+C, i+2C, ... of the list,
-cycling, so every system answers the same requests.
+target-only, with the same draft and with prompt lookup (--ctx per stream). Both with --threads threads and
+--gpu-layers layers on the GPU (0: the CPU only). After one warm-up request, C client threads each send
+--per-client chat requests in turn (non-streaming; greedy with no top-k, top-p or min-p; a fixed seed per
+request): client i takes prompts i, i+C, i+2C, ... of the list, cycling, so every system answers the same
+requests.
 
 A cell (system, clients) reports the completion tokens of all its answers (usage.completion_tokens, as each server
 counts them) over the wall time from the first request sent to the last answer received, prompt processing and
@@ -48,13 +49,16 @@ SYSTEMS = {  # --systems name -> table label
 
 
 class EdgespecServer(Server):
-    """edgespec serve on a free loopback port, on the CPU, with `streams` requests decoding at once."""
+    """edgespec serve on a free loopback port, with `streams` requests decoding at once and gpu_layers layers on
+    the GPU (0: the CPU only)."""
 
-    def __init__(self, target: str, draft: str, threads: int, ctx: int, streams: int, max_tokens: int):
+    def __init__(self, target: str, draft: str, threads: int, ctx: int, streams: int, max_tokens: int,
+                 gpu_layers: int = 0):
         self.port = free_port()
-        command = [str(Path(sys.executable).with_name("edgespec")), "serve", "-m", target, "--draft", draft,
+        place = ["--cpu"] if gpu_layers == 0 else ["--gpu-layers", str(gpu_layers)]
+        command = [sys.executable, "-m", "edgespec.cli", "serve", "-m", target, "--draft", draft,
                    "--parallel", str(streams), "--port", str(self.port), "--threads", str(threads), "--ctx", str(ctx),
-                   "-n", str(max_tokens), "--max-queue", "64", "--cpu"]
+                   "-n", str(max_tokens), "--max-queue", "64", *place]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_healthy(f"{shlex.join(command)} (run it alone to see why)")
 
@@ -63,10 +67,12 @@ def start(system: str, args: argparse.Namespace, streams: int) -> Server:
     """The server of `system` (a key of SYSTEMS) with room for `streams` requests at once."""
     if system.startswith("edgespec"):
         draft = {"edgespec": "none", "edgespec+draft": args.draft, "edgespec+ngram": "ngram"}[system]
-        return EdgespecServer(args.target, draft, args.threads, args.ctx, streams, args.max_tokens)
-    extra = {"llama": [], "llama+draft": ["-md", args.draft, "-ngld", "0", "--spec-type", "draft-simple"],
+        return EdgespecServer(args.target, draft, args.threads, args.ctx, streams, args.max_tokens, args.gpu_layers)
+    layers = str(args.gpu_layers)
+    extra = {"llama": [], "llama+draft": ["-md", args.draft, "-ngld", layers, "--spec-type", "draft-simple"],
              "llama+ngram": ["--spec-type", "ngram-simple"]}[system]
-    return Server(args.binary, args.target, args.threads, args.ctx * streams, ["-ngl", "0", *extra], slots=streams)
+    return Server(args.binary, args.target, args.threads, args.ctx * streams, ["-ngl", layers, *extra],
+                  slots=streams)
 
 
 def chat(port: int, prompt: str, max_tokens: int, seed: int) -> int:
@@ -182,6 +188,7 @@ def main() -> None:
     ap.add_argument("--draft", metavar="D.gguf", help="a draft GGUF, for the +draft systems")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024, help="context per stream")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (0: the CPU only)")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], help="client counts, a table each")
     ap.add_argument("--per-client", type=int, default=6, help="requests each client sends, one after another")
     ap.add_argument("--max-tokens", type=int, default=96)
