@@ -213,12 +213,12 @@ class Slots:
     slot's generation (a Parallel's streams wait briefly for each other's passes while they generate)."""
 
     def __init__(self, engine: Engine | Parallel, executor: ThreadPoolExecutor | None = None):
-        self.parallel = hasattr(engine, "engines")  # a Parallel, or anything with its engines, begin and end
-        self.engines: list[Engine] = engine.engines if self.parallel else [engine]
-        self.name = engine.name if self.parallel else engine.target.name
-        self.draft = engine.draft_name if self.parallel else _draft_name(engine)
-        self.begin = engine.begin if self.parallel else (lambda slot: None)
-        self.end = engine.end if self.parallel else (lambda slot: None)
+        parallel = hasattr(engine, "engines")  # a Parallel, or anything with its engines, begin and end
+        self.engines: list[Engine] = engine.engines if parallel else [engine]
+        self.name = engine.name if parallel else engine.target.name
+        self.draft = engine.draft_name if parallel else _draft_name(engine)
+        self.begin = engine.begin if parallel else (lambda slot: None)
+        self.end = engine.end if parallel else (lambda slot: None)
         self.executor = executor or ThreadPoolExecutor(len(self.engines), thread_name_prefix="edgespec-slot")
         self._used = [0] * len(self.engines)  # when each slot last took a request (a count)
 

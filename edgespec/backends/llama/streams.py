@@ -42,7 +42,7 @@ class _DecodeThread:
     llama.cpp's CPU backend runs a pass on an OpenMP team of the calling thread: once a second thread has decoded,
     passes take 1.5x as long on two cores, also back on the first (15 -> 22 ms a pass of the reference target;
     decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-serve-load.md).
-    A stream's thread hands its decode here and waits: about 30 us a decode, shared by the streams it carries."""
+    A stream's thread hands its decode here and waits for it (one hand-over a decode, whatever streams it carries)."""
 
     def __init__(self):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="edgespec-decode")
