@@ -414,8 +414,8 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
         if chat:
             yield chunk(None, first=True)
         while item[0] == "event":
-            if item[1].text:
-                yield chunk(item[1].text)
+            if item[1].text:  # from_draft: the page highlights the draft's accepted tokens
+                yield chunk(item[1].text, edgespec={"from_draft": item[1].from_draft})
             item = await _next(gen, deadline, limit)
         if item[0] == "error":
             refusal = failure(item[1])
