@@ -31,6 +31,7 @@ from edgespec.drafts.base import Drafter
 from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
 from edgespec.plan import placement
+from edgespec.tool_calls import MARKERS, ToolSet, chat_history
 
 DEFAULT_DRAFT = AUTO_DRAFT
 MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
@@ -46,28 +47,53 @@ CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreeme
 
 @dataclass
 class Result:
-    text: str
+    text: str  # what the model wrote
     tokens: list[int]
     stats: Stats
+    content: str | None = None  # with tools: the text outside the calls (None where none is left)
+    tool_calls: list[dict] | None = None  # with tools: the calls in OpenAI's shape (id, type, function)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "tokens": self.tokens, **self.stats.to_dict()}
+        calls = {} if self.tool_calls is None else {"content": self.content, "tool_calls": self.tool_calls}
+        return {"text": self.text, "tokens": self.tokens, **calls, **self.stats.to_dict()}
 
 
 class Stream:
-    """An iterator of Events; after it is exhausted, `text`, `tokens` and `stats` are final."""
+    """An iterator of Events; after it is exhausted, `text`, `tokens` and `stats` are final, and with tools
+    `content` and `tool_calls` (read from the text once)."""
 
-    def __init__(self, events: Iterator[Event], stats: Stats):
-        self._events, self.stats = events, stats
+    def __init__(self, events: Iterator[Event], stats: Stats, tools: ToolSet | None = None,
+                 marker_token: int | None = None):
+        self._events, self.stats, self.tools = events, stats, tools
+        self._marker = marker_token  # a call opener that is a control token prints nothing: its text is given
         self.tokens: list[int] = []
         self._text: list[str] = []
+        self._calls: tuple[str | None, list[dict]] | None = None
 
     def __iter__(self) -> Iterator[Event]:
         for event in self._events:
             if event.token is not None:
                 self.tokens.append(event.token)
+            if event.token == self._marker and not event.text:
+                event = Event(event.token, MARKERS[self.tools.family], event.from_draft)
             self._text.append(event.text)
             yield event
+
+    @property
+    def content(self) -> str | None:
+        return self._read()[0]
+
+    @property
+    def tool_calls(self) -> list[dict] | None:
+        """The calls the answer made (None without tools; [] where it answered in text)."""
+        return self._read()[1]
+
+    def _read(self) -> tuple[str | None, list[dict] | None]:
+        if self.tools is None:
+            return self.text, None
+        if self._calls is None:
+            self._calls = self.tools.read(self.text)
+        return self._calls
 
     def close(self) -> None:
         """Stop generating now (e.g. the client went away); the engine stays usable."""
@@ -94,6 +120,7 @@ class Engine:
         self.plan = plan  # the memory plan it was loaded with (plan.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary, built on first use (~1 s)
+        self._markers: dict[str, int | None] = {}  # tool-call family -> its opener's token
 
     def placement(self) -> dict:
         """Where each model runs: {"target": ..., "draft": ... or None}, each with its runtime, its device ("cpu",
@@ -114,7 +141,8 @@ class Engine:
     def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] = (), chat: bool | None = None, draft_max: int | None = None,
-               json_schema: dict | str | None = None) -> Stream:
+               json_schema: dict | str | None = None, tools: list[dict] | None = None, tool_choice="auto",
+               parallel_tool_calls: bool = True) -> Stream:
         """Start generating; see `generate` for the arguments. Iterate the result for Events.
 
         An engine runs one generation at a time: starting a stream closes the one before it.
@@ -124,7 +152,15 @@ class Engine:
             raise EdgespecError(f"draft max must be between 0 and {LONGEST_DRAFT}, got {draft_max}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise EdgespecError(f"seed must be a whole number from 0 up (or None), got {seed!r}")
-        tokens = self.prompt_tokens(prompt, chat=chat)
+        toolset = ToolSet.of(tools, tool_choice, parallel_tool_calls, self.target.chat_template())
+        if toolset is not None and isinstance(prompt, str) and chat is False:
+            raise EdgespecError("tools need a chat prompt: give messages, or a string without chat=False")
+        tokens = prompt_tokens(self.target, prompt, chat=chat, tools=toolset)
+        if toolset is not None and toolset.forced:
+            if json_schema is not None:
+                raise EdgespecError("a required tool call decodes under its function's schema: give either a "
+                                    "JSON schema or a tool_choice that forces a call, not both")
+            json_schema = toolset.schema()
         constraint = None
         if json_schema is not None:
             from edgespec.decode.constraint import GrammarConstraint, llg_tokenizer
@@ -140,8 +176,17 @@ class Engine:
                            gate=self.gate)
         if self._active is not None:  # its rounds would interleave with ours on the same cache
             self._active.close()
-        self._active = Stream(events, stats)
+        marker = self._marker_token(toolset.family) if toolset is not None and toolset.calling else None
+        self._active = Stream(events, stats, toolset, marker)
         return self._active
+
+    def _marker_token(self, family: str) -> int | None:
+        """The token whose text is the family's call opener, if the vocabulary has one."""
+        if family not in self._markers:
+            opener = MARKERS.get(family, "").encode()
+            texts = self.target.vocab.texts
+            self._markers[family] = texts.index(opener) if opener and opener in texts else None
+        return self._markers[family]
 
     def generate(self, prompt: str | Sequence[dict], **kwargs) -> Result:
         """Generate a whole answer.
@@ -155,11 +200,18 @@ class Engine:
                 (0 = target only) instead of letting the measured costs choose it.
             json_schema: constrain the answer to JSON valid against this schema (a dict, JSON text or a
                 file path); the output is then distributed exactly as the target under that constraint.
+            tools: functions the model may call, in OpenAI's shape ({"type": "function", "function": {"name",
+                "description", "parameters"}}); the result's tool_calls are the calls it made.
+            tool_choice: "auto" (the model chooses), "none", "required", or a function's name (or OpenAI's
+                {"type": "function", "function": {"name": ...}}): a required call's arguments are decoded under
+                the function's parameters schema, so they always parse and validate.
+            parallel_tool_calls: allow more than one call in an answer.
         """
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass
-        return Result(stream.text, stream.tokens, stream.stats)
+        return Result(stream.text, stream.tokens, stream.stats, *((stream.content, stream.tool_calls)
+                                                                  if stream.tools is not None else ()))
 
     def close(self) -> None:
         for backend in (self.target, self.draft_backend):
@@ -167,18 +219,22 @@ class Engine:
                 backend.close()
 
 
-def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
-    """Token ids of a prompt for a model: chat messages, or a string (chat-templated unless chat=False)."""
+def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool | None = None,
+                  tools: ToolSet | None = None) -> list[int]:
+    """Token ids of a prompt for a model: chat messages, or a string (chat-templated unless chat=False). tools:
+    the request's tools, listed by the template (or explained in a system message), a forced call's opener
+    after the prompt."""
     if isinstance(prompt, str) and chat is False:
         return backend.tokenize(prompt, special=True)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    vocab = backend.vocab
+    vocab, template = backend.vocab, backend.chat_template()
 
     def text_of(token: int) -> str:
         return vocab.texts[token].decode("utf-8", "replace") if token >= 0 else ""  # -1: the model has none
 
-    text = render_chat(backend.chat_template(), messages, bos_token=text_of(vocab.bos_id),
-                       eos_token=text_of(vocab.eos_id))
+    text = render_chat(template, chat_history(messages, template, tools), bos_token=text_of(vocab.bos_id),
+                       eos_token=text_of(vocab.eos_id), tools=tools.rendered() if tools else None)
+    text += tools.opener() if tools else ""
     tokens = backend.tokenize(text, special=True)
     # a template that writes the BOS itself (Llama 3, Gemma, Mistral) and a tokenizer that adds one: keep one, as
     # llama.cpp's common/chat.cpp does

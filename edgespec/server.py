@@ -49,6 +49,8 @@ from edgespec.server_errors import (
     queue_full,
 )
 from edgespec.server_limits import Admission, CountResponses, Metrics
+from edgespec.tool_calls import CallReader, ToolSet
+from edgespec.web import add_page
 
 if TYPE_CHECKING:
     from edgespec.parallel import Parallel
@@ -61,12 +63,46 @@ class TextPart(BaseModel):
     text: str
 
 
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str | dict  # JSON text, as OpenAI sends it (an object is taken too)
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """A chat message: a system, user or assistant turn, an assistant's tool calls (content may then be null),
+    or a tool's result (role "tool", with the id of the call it answers)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant's tool calls may come "
+                             "without)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        return self
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    def to_dict(self) -> dict:
+        """As chat templates take it (api.prompt_tokens rewrites tool calls for the template)."""
+        extra = {"tool_calls": [c.model_dump() for c in self.tool_calls]} if self.tool_calls else {}
+        extra |= {key: value for key in ("tool_call_id", "name") if (value := getattr(self, key))}
+        return {"role": self.role, "content": self.text(), **extra}
 
 
 class Sampling(BaseModel):
@@ -98,6 +134,8 @@ class Sampling(BaseModel):
     draft_max: int | None = Field(None, ge=0, le=LONGEST_DRAFT, strict=True)
     logprobs: bool | int | None = None
     tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = Field(True, strict=True)
     response_format: dict | None = None
 
     @field_validator("temperature")
@@ -123,8 +161,14 @@ class Sampling(BaseModel):
             return "n", "n must be 1: edgespec generates one answer per request"
         if self.logprobs:
             return "logprobs", "logprobs are not supported"
-        if self.tools:
-            return "tools", "tools are not supported: send the request without tools"
+        if self.tools is not None or self.tool_choice is not None:
+            try:
+                tools = ToolSet.of(self.tools, self.tool_choice, self.parallel_tool_calls, None)
+            except EdgespecError as e:
+                return ("tool_choice" if str(e).startswith("tool_choice") else "tools"), str(e)
+            if tools is not None and tools.forced and self.schema() is not None:
+                return "response_format", ("a required tool call decodes under its function's schema: send "
+                                           "response_format or a tool_choice that forces a call, not both")
         if self.response_format is None:
             return None
         kind = self.response_format.get("type")
@@ -147,7 +191,9 @@ class Sampling(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return {"max_tokens": self.max_completion_tokens or self.max_tokens or default_max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "seed": self.seed, "stop": stop, "draft_max": self.draft_max, "json_schema": self.schema()}
+                "seed": self.seed, "stop": stop, "draft_max": self.draft_max, "json_schema": self.schema(),
+                **({"tools": self.tools, "tool_choice": self.tool_choice or "auto",
+                    "parallel_tool_calls": self.parallel_tool_calls} if self.tools is not None else {})}
 
 
 class ChatRequest(Sampling):
@@ -156,6 +202,12 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str = Field(min_length=1)
+
+    def refusal(self) -> tuple[str, str] | None:
+        if self.tools is not None or self.tool_choice is not None:
+            return ("tools" if self.tools is not None else "tool_choice"), ("tools need /v1/chat/completions: a "
+                                                                            "completion's prompt has no chat template")
+        return super().refusal()
 
 
 class Generation:
@@ -171,6 +223,7 @@ class Generation:
         self._stop = threading.Event()
         self.finish_reason: str | None = None  # the loop's, once the thread has ended
         self.stats: Stats | None = None  # the loop's, once it has started
+        self.tools: ToolSet | None = None  # the request's tools as the stream reads its calls, once started
         self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
         held = []  # events of a whole answer, put with the last item
@@ -182,7 +235,7 @@ class Generation:
             slots.begin(slot)
             try:
                 stream = slots.engines[slot].stream(prompt, chat=chat, **args)
-                self.stats = stream.stats
+                self.stats, self.tools = stream.stats, stream.tools
                 for event in stream:
                     if self._stop.is_set():
                         break
@@ -269,6 +322,7 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
     app = FastAPI(title="edgespec", description="OpenAI-compatible speculative decoding server")
     app.add_middleware(CountResponses, metrics=metrics)
     add_error_handlers(app)
+    add_page(app, api_key_required=api_key is not None)
 
     def authorize(request: Request):
         if api_key is None:
@@ -294,7 +348,7 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(body: ChatRequest, request: Request):
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.to_dict() for m in body.messages]
         return await complete(request, body, messages, chat=True)
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
@@ -389,7 +443,10 @@ async def _whole(gen: Generation, item, ids: dict, chat: bool, deadline: float |
         return failure(item[1])
     stream, text = item[1], "".join(pieces)
     finish = FINISH.get(stream.stats.finish_reason, "stop")
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat
+    message = {"role": "assistant", "content": text}
+    if stream.tools is not None and stream.tool_calls:
+        message, finish = {**message, "content": stream.content, "tool_calls": stream.tool_calls}, "tool_calls"
+    choice = ({"index": 0, "message": message, "finish_reason": finish} if chat
               else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
     return {**ids, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
             "usage": _usage(stream), "edgespec": stream.stats.to_dict()}
@@ -399,12 +456,15 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
                limit: float | None):
     """Server-sent events for a stream; an error (a timeout included) is its last event before [DONE]. A client
     that disconnects cancels the response: `finally` (or the watcher, if the response never started) stops
-    the generation."""
+    the generation. With tools, text that may be a call is held back (tool_calls.CallReader) and its calls
+    sent at the end, a delta each (id, name and the whole arguments), as OpenAI's clients reassemble them."""
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None = None, first: bool = False, **extra) -> str:
+    def chunk(text: str | None, finish: str | None = None, first: bool = False, delta: dict | None = None,
+              **extra) -> str:
         if chat:
-            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -413,17 +473,26 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
     try:
         if chat:
             yield chunk(None, first=True)
+        reader = CallReader(gen.tools) if gen.tools is not None else None
         while item[0] == "event":
-            if item[1].text:  # from_draft: the page highlights the draft's accepted tokens
-                yield chunk(item[1].text, edgespec={"from_draft": item[1].from_draft})
+            text = reader.feed(item[1].text) if reader else item[1].text
+            if text:  # from_draft: the page highlights the draft's accepted tokens
+                yield chunk(text, edgespec={"from_draft": item[1].from_draft})
             item = await _next(gen, deadline, limit)
         if item[0] == "error":
             refusal = failure(item[1])
             yield f"data: {refusal.body.decode()}\n\n"
         else:
             stream = item[1]
-            yield chunk(None, FINISH.get(stream.stats.finish_reason, "stop"), usage=_usage(stream),
-                        edgespec=stream.stats.to_dict())
+            finish = FINISH.get(stream.stats.finish_reason, "stop")
+            if reader:
+                rest, calls = reader.finish()
+                if rest:
+                    yield chunk(rest)
+                for i, call in enumerate(calls):
+                    yield chunk(None, delta={"tool_calls": [{"index": i, **call}]})
+                finish = "tool_calls" if calls else finish
+            yield chunk(None, finish, usage=_usage(stream), edgespec=stream.stats.to_dict())
         yield "data: [DONE]\n\n"
     finally:
         gen.stop()

@@ -1,11 +1,16 @@
 """Tool calls read out of each family's answer format, and a request's `tools` checked (edgespec/tool_calls.py)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+from edgespec.decode.text import render_chat
 from edgespec.errors import EdgespecError
-from edgespec.tool_calls import check_tools, family_of, parse_calls
+from edgespec.tool_calls import CallReader, ToolSet, chat_history, check_choice, check_tools, family_of, parse_calls
+
+TEMPLATES = {p.stem: p.read_text(encoding="utf-8") for p in (Path(__file__).parent / "data" / "chat_templates").glob(
+    "*.jinja")}
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object",
@@ -16,7 +21,10 @@ NAMES = {"get_weather", "move"}
 
 def calls(text, family):
     content, found = parse_calls(text, family, NAMES)
-    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in found)
+    assert all(c["type"] == "function" for c in found)
+    # Mistral's templates take only ids of 9 letters and digits back
+    assert all(c["id"].isalnum() and len(c["id"]) == 9 if family == "mistral" else c["id"].startswith("call_")
+               for c in found)
     assert len({c["id"] for c in found}) == len(found)
     return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in found]
 
@@ -82,3 +90,131 @@ def test_tools_are_checked_entry_by_entry_with_one_clear_error():
     ]:
         with pytest.raises(EdgespecError, match=message):
             check_tools(tools)
+
+
+# --- what a generation does with a request's tools (ToolSet, chat_history, CallReader) ---
+
+TOOLS = [WEATHER, {"type": "function", "function": {"name": "move", "parameters": {
+    "type": "object", "properties": {"distance": {"type": "number"}, "to": {"type": "object", "properties": {
+        "x": {"type": "number"}}}}, "required": ["distance"]}}}]
+
+
+def test_tool_choice_is_read_as_openai_defines_it():
+    names = {"get_weather", "move"}
+    assert check_choice("auto", names) == () and check_choice(None, names) == ()
+    assert check_choice("none", names) is None
+    assert check_choice("required", names) == ("get_weather", "move")
+    assert check_choice({"type": "function", "function": {"name": "move"}}, names) == ("move",)
+    for bad, message in [(3, "must be"), ({"type": "function"}, "must be"), ("launch", "not among")]:
+        with pytest.raises(EdgespecError, match=message):
+            check_choice(bad, names)
+    with pytest.raises(EdgespecError, match="tool_choice needs tools"):
+        ToolSet.of(None, "required", True, None)
+    assert ToolSet.of([], "auto", True, None) is None and ToolSet.of(None, None, True, None) is None
+
+
+@pytest.mark.parametrize("family, template", [("hermes", "qwen2.5"), ("llama3", "llama-3.1"),
+                                              ("mistral", "mistral-nemo"), ("json", "smollm2")])
+def test_a_forced_call_begins_with_the_familys_opener_and_its_schema_closes_every_object(family, template):
+    tools = ToolSet.of(TOOLS, {"type": "function", "function": {"name": "move"}}, False, TEMPLATES[template])
+    assert tools.family == family and tools.forced == ("move",)
+    assert tools.opener() == {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS]"}.get(family, "")
+    schema = tools.schema()
+    call = schema["items"] if family == "mistral" else schema
+    key = "parameters" if family == "llama3" else "arguments"
+    assert call["properties"]["name"] == {"const": "move"} and call["required"] == ["name", key]
+    arguments = call["properties"][key]
+    # an object that does not say may not grow properties it does not list: else a call can run to max_tokens
+    assert arguments["additionalProperties"] is False
+    assert arguments["properties"]["to"]["additionalProperties"] is False
+    assert TOOLS[1]["function"]["parameters"]["properties"]["to"] == {"type": "object", "properties": {
+        "x": {"type": "number"}}}  # the request's own schema is left as it was
+    if family == "mistral":
+        assert schema["maxItems"] == 1
+    required = ToolSet.of(TOOLS, "required", True, TEMPLATES[template]).schema()
+    assert len((required["items"] if family == "mistral" else required)["anyOf"]) == 2
+    text = json.dumps([{"name": "move", key: {"distance": 2}}] if family == "mistral" else
+                      {"name": "move", key: {"distance": 2}})
+    content, found = tools.read(text)
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in found] == [
+        ("move", {"distance": 2})]
+
+
+ANSWERS = [  # (family, what the model wrote); each is streamed in pieces below
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("hermes", "No call here, though < and <tool are written."),
+    ("hermes", "It ends on a partial tag <tool_"),
+    ("mistral", '[TOOL_CALLS][{"name": "move", "arguments": {"distance": 1}}]'),
+    ("mistral", "Plain [text] answer."),
+    ("llama3", '<|python_tag|>{"name": "move", "parameters": {"distance": 3}}'),
+    ("llama3", "  Paris is sunny."),
+    ("json", '  {"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    ("json", '{"city": "Oslo"}'),  # JSON, but no call: content, sent at the end
+    ("json", "Three colors: red, green, blue."),
+]
+
+
+@pytest.mark.parametrize("family, answer", ANSWERS)
+@pytest.mark.parametrize("piece", [1, 3, 7])
+def test_a_streamed_answer_sends_its_text_at_once_and_its_calls_as_the_whole_answer_reads(family, answer, piece):
+    tools = ToolSet(tuple(TOOLS), family, listed=True, forced=(), parallel=True)
+    reader, sent = CallReader(tools), []
+    for i in range(0, len(answer), piece):
+        sent.append(reader.feed(answer[i:i + piece]))
+    rest, found = reader.finish()
+    content, expected = parse_calls(answer, family, tools.names)
+    streamed = "".join(sent) + (rest or "")
+    assert streamed.strip() == (content or "")
+    assert [c["function"] for c in found] == [c["function"] for c in expected]
+    if not expected and not answer.lstrip().startswith("{"):  # text goes out as it comes, but for a possible tag
+        assert "".join(sent) == answer.removesuffix("<tool_")
+
+
+def test_a_forced_answer_is_held_whole_and_tool_choice_none_reads_no_call():
+    forced = ToolSet.of(TOOLS, "required", True, TEMPLATES["qwen2.5"])
+    reader = CallReader(forced)
+    assert reader.feed('{"name": "move", "arguments": {"distance": 1}}') == ""
+    assert reader.finish()[1][0]["function"] == {"name": "move", "arguments": '{"distance": 1}'}
+    none = ToolSet.of(TOOLS, "none", True, TEMPLATES["qwen2.5"])
+    assert none.calling is False and none.rendered() == list(none.tools)  # the model still sees the tools
+    call = '<tool_call>{"name": "move", "arguments": {}}</tool_call>'
+    assert CallReader(none).feed(call) == call and none.read(call) == (call, [])
+
+
+def test_one_call_is_kept_where_parallel_calls_are_off():
+    two = '<tool_call>{"name": "move", "arguments": {}}</tool_call><tool_call>{"name": "move", "arguments": {}}'
+    assert len(ToolSet.of(TOOLS, "auto", True, TEMPLATES["qwen2.5"]).read(two)[1]) == 2
+    assert len(ToolSet.of(TOOLS, "auto", False, TEMPLATES["qwen2.5"]).read(two)[1]) == 1
+
+
+CALL = {"id": "abcDEF123", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+AGENT = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+         {"role": "tool", "tool_call_id": "abcDEF123", "content": '{"temp_c": 18}'}]
+
+
+@pytest.mark.parametrize("family", ["llama-3.1", "qwen2.5", "qwen3", "mistral-nemo"])
+def test_an_agents_history_renders_as_transformers_renders_it(family):
+    """OpenAI's history (arguments as JSON text, content null) reaches a template that lists tools as transformers
+    passes it: arguments as an object."""
+    from test_chat_families import reference, special_tokens, template
+
+    ours = render_chat(template(family), chat_history(AGENT, template(family)), **special_tokens(family),
+                       tools=TOOLS)
+    theirs = [AGENT[0], {"role": "assistant", "content": "", "tool_calls": [
+        {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, AGENT[2]]
+    assert ours == reference(family, theirs, add_generation_prompt=True, tools=TOOLS)
+    assert '"city": "Paris"' in ours and 'temp_c' in ours  # Llama 3.1 writes a result as a JSON string
+
+
+def test_a_template_without_tools_is_told_of_them_and_reads_calls_as_the_json_it_is_asked_for():
+    tools = ToolSet.of(TOOLS, "auto", True, TEMPLATES["smollm2"])
+    history = chat_history(AGENT, TEMPLATES["smollm2"], tools)
+    assert history[0]["role"] == "system" and '"name": "get_weather"' in history[0]["content"]
+    assert history[2] == {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Paris"}}'}
+    assert history[3]["role"] == "tool"  # SmolLM2's template writes any role
+    gemma = chat_history([{"role": "system", "content": "Be brief."}, *AGENT], TEMPLATES["gemma-2"], tools)
+    assert [m["role"] for m in gemma] == ["system", "user", "assistant", "user"]
+    assert gemma[0]["content"].startswith("Be brief.\n\nYou can call these tools")
+    assert gemma[3]["content"] == 'Result of get_weather: {"temp_c": 18}'
+    alone = chat_history(AGENT[:1], TEMPLATES["gemma-2"], tools)  # no system turn there: the user's carries it
+    assert [m["role"] for m in alone] == ["user"] and alone[0]["content"].endswith("Weather in Paris?")
