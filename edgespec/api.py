@@ -14,13 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from edgespec.backends.model_info import read_model_info
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
-from edgespec.backends.open import open_model
+from edgespec.backends.open import is_onnx, open_model
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend
 from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
 from edgespec.decode.loop import Event, Stats, speculate
@@ -349,7 +348,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     if tree_width > 1 and draft.heads is None:
         raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
                             "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
-    if tree_width > 1 and (Path(target).is_dir() or Path(target).suffix.lower() == ".onnx"):
+    if tree_width > 1 and is_onnx(target):
         raise EdgespecError(f"{target}: draft trees are verified in one pass by llama.cpp (GGUF targets); heads on an "
                             "ONNX target draft chains (tree width 1)")
     if tree_width > 1 and draft.lookup_first:

@@ -1,5 +1,6 @@
 """Aggregate tokens/s of several requests answered one at a time (api.Engine) and four at a time (parallel.Parallel),
-on the same target and draft, interleaved by repetition: what joining the streams' passes into one decode buys.
+on the same target and draft, interleaved by repetition: what joining the streams' passes into one decode buys;
+and one at a time on the four streams (what one client of `edgespec serve --parallel 4` gets).
 
 usage: python experiments/streams_throughput.py --target T.gguf [--draft D.gguf] [--prompts 8] [--max-tokens 96]
        [--streams 4] [--reps 2] [--threads 2] [--json]
@@ -8,9 +9,14 @@ usage: python experiments/streams_throughput.py --target T.gguf [--draft D.gguf]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
+
+
+def answer_each(engine, prompts: list[str], max_tokens: int) -> list:
+    return [engine.generate(p, max_tokens=max_tokens) for p in prompts]
 
 
 def main() -> None:
@@ -26,6 +32,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from edgespec import api
+    from edgespec.backends.llama.streams import DECODER
     from edgespec.bench import read_prompts
     from edgespec.parallel import Parallel
 
@@ -34,15 +41,23 @@ def main() -> None:
     report = {"target": args.target, "prompts": len(prompts), "max_tokens": args.max_tokens, "streams": args.streams,
               "reps": args.reps, "threads": args.threads, "ways": {}}
     for draft in drafts:
-        one = api.load(args.target, draft, n_ctx=1024, threads=args.threads)
+        # the one-at-a-time engine loads and decodes on the thread Parallel decodes on: on a CPU, a second decoding
+        # thread makes every pass 1.5x slower (backends/llama/streams.py, _DecodeThread), and a server decodes
+        # from one thread too (server.loading_thread)
+        one = DECODER.call(functools.partial(api.load, args.target, draft, n_ctx=1024, threads=args.threads))
         many = Parallel(args.target, draft, streams=args.streams, n_ctx=1024, threads=args.threads)
-        times = {"one at a time": [], f"{args.streams} at a time": []}
+        alone = f"one at a time on {args.streams} streams"  # one client of a --parallel server
+        times = {"one at a time": [], alone: [], f"{args.streams} at a time": []}
         tokens = {}
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            results = [one.generate(p, max_tokens=args.max_tokens) for p in prompts]
+            results = DECODER.call(functools.partial(answer_each, one, prompts, args.max_tokens))
             times["one at a time"].append(time.perf_counter() - t0)
             tokens["one at a time"] = sum(r.stats.produced for r in results)
+            t0 = time.perf_counter()
+            results = [r for p in prompts for r in many.generate([p], max_tokens=args.max_tokens)]
+            times[alone].append(time.perf_counter() - t0)
+            tokens[alone] = sum(r.stats.produced for r in results)
             t0 = time.perf_counter()
             results = many.generate(prompts, max_tokens=args.max_tokens)
             times[f"{args.streams} at a time"].append(time.perf_counter() - t0)

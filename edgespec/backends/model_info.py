@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.backends.open import is_onnx
 from edgespec.backends.protocol import Vocab
 from edgespec.drafts.subset import SUBSET_KEY
 from edgespec.errors import EdgespecError
@@ -93,7 +94,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     path = Path(path)
     if not path.exists():
         raise EdgespecError(f"model not found: {path}")
-    if path.is_dir() or path.suffix.lower() == ".onnx":
+    if is_onnx(path):
         return read_onnx_info(path if path.is_dir() else path.parent)
     return read_gguf_info(path)
 

@@ -9,6 +9,12 @@ from edgespec.backends.protocol import Backend
 from edgespec.errors import EdgespecError
 
 
+def is_onnx(path: str | os.PathLike) -> bool:
+    """Whether a model path is an ONNX export (its folder, or its model.onnx) rather than a GGUF file."""
+    path = Path(path)
+    return path.is_dir() or path.suffix.lower() == ".onnx"
+
+
 def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, provider: str = "cpu",
                kv_type: str = "f16", n_ubatch: int = 512, n_gpu_layers: int = 0, hidden: bool = False,
                spin: bool | str = False) -> Backend:
@@ -18,7 +24,7 @@ def open_model(path: str | os.PathLike, *, n_ctx: int, threads: int | None, prov
     onnxruntime; hidden (return hidden states too, for draft heads) to both.
     """
     path = Path(path)
-    if path.is_dir() or path.suffix.lower() == ".onnx":
+    if is_onnx(path):
         from edgespec.backends.onnx.backend import OnnxBackend
 
         return OnnxBackend(path if path.is_dir() else path.parent, n_ctx=n_ctx, n_threads=threads, provider=provider,

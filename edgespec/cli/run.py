@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
+from edgespec.backends.open import is_onnx
 from edgespec.cli.models import print_choice
 from edgespec.cli.options import Finite, describe, model_options, read_schema, sampling_options, status
 from edgespec.errors import EdgespecError
@@ -140,7 +140,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
         raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
             from None
     target = load_engine.options["target"]
-    onnx = target is not None and (Path(target).is_dir() or Path(target).suffix.lower() == ".onnx")
+    onnx = target is not None and is_onnx(target)
     status("loading models and measuring draft costs ...")
     streams = 1 if onnx else parallel
     executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on

@@ -91,10 +91,10 @@ def build_corpus(target: str | os.PathLike, prompts: list[dict], out: str | os.P
     todo = [i for i in range(len(shards)) if not (out / _shard_name(i)).is_file()]
     if todo:
         from edgespec.api import load, prompt_tokens
-        from edgespec.backends.open import open_model
+        from edgespec.backends.open import is_onnx, open_model
 
         model = answerer or target
-        one_at_a_time = answer_draft is not None or streams == 1 or model.is_dir() or model.suffix.lower() == ".onnx"
+        one_at_a_time = answer_draft is not None or streams == 1 or is_onnx(model)
         scorer = answering = None
         try:
             if one_at_a_time and answerer is None:  # the target's engine answers, and its backend scores
