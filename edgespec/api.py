@@ -73,7 +73,7 @@ class Stream:
         for event in self._events:
             if event.token is not None:
                 self.tokens.append(event.token)
-            if event.token == self._marker and not event.text:
+            if self._marker is not None and event.token == self._marker and not event.text:
                 event = Event(event.token, MARKERS[self.tools.family], event.from_draft)
             self._text.append(event.text)
             yield event

@@ -218,3 +218,33 @@ def test_a_template_without_tools_is_told_of_them_and_reads_calls_as_the_json_it
     assert gemma[3]["content"] == 'Result of get_weather: {"temp_c": 18}'
     alone = chat_history(AGENT[:1], TEMPLATES["gemma-2"], tools)  # no system turn there: the user's carries it
     assert [m["role"] for m in alone] == ["user"] and alone[0]["content"].endswith("Weather in Paris?")
+
+
+def test_a_call_opener_that_is_a_control_token_reaches_the_text():
+    """Mistral's [TOOL_CALLS] is a control token, which prints nothing: the stream writes it, so the call is read."""
+    import numpy as np
+    from fake import FakeBackend, deterministic_table
+    from test_loop import controller
+
+    from edgespec.api import Engine
+    from edgespec.backends.protocol import Vocab
+
+    V, opener = 30, 28
+    letters = [bytes([ord("a") + i - 1]) for i in range(1, V)]
+    texts = (b"</s>", *letters[:opener - 1], b"[TOOL_CALLS]", *letters[opener:])
+    vocab = Vocab(texts=texts, pieces=tuple(b"" if i in (0, opener) else t for i, t in enumerate(texts)),
+                  bos_id=0, eos_id=0, eog_ids=frozenset([0]))
+
+    class Mistralish(FakeBackend):
+        def chat_template(self):
+            return "{% for m in messages %}{{ m['content'] }}{% endfor %}{# a [TOOL_CALLS] family #}"
+
+    # the prompt ends in "a" (token 1); then the opener, "b", "c", the end
+    backend = Mistralish(deterministic_table({1: opener, opener: 2, 2: 3, 3: 0}, V), vocab=vocab, n_ctx=4096)
+    engine = Engine(backend, None, controller())
+    stream = engine.stream("a", tools=TOOLS, max_tokens=8, draft_max=0)
+    assert "".join(e.text for e in stream) == "[TOOL_CALLS]bc"
+    assert stream.tools.family == "mistral" and stream.content == "[TOOL_CALLS]bc" and stream.tool_calls == []
+    quiet = engine.stream("a", tools=TOOLS, tool_choice="none", max_tokens=8, draft_max=0)
+    assert "".join(e.text for e in quiet) == "bc"  # no calls read: the control token stays silent
+    assert np.array_equal(quiet.tokens, stream.tokens)
