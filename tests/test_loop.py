@@ -588,3 +588,14 @@ def test_a_declined_lookup_round_learns_its_shadow_score_while_the_next_pass_com
     rounds = "/".join(order).split("row read/")[2:-1]
     assert len(rounds) >= 20 and set(rounds) <= {"pass started/cost learnt/score learnt/searched/",
                                                  "pass started/cost learnt/searched/"}
+
+
+def test_a_draft_is_cut_after_its_end_of_generation_token():
+    """Prompt lookup copies on past the end (the prompt holds 1 2 EOS 3 4) and the target agrees: the pass verifies
+    the draft only up to the EOS, and the statistics count no token after the end as accepted."""
+    chain = {1: 2, 2: EOS, EOS: 3, 3: 4}
+    target = FakeBackend(deterministic_table(chain, V))
+    events, stats = run(target, PromptLookupDrafter(V), [1, 2, EOS, 3, 4, 1], max_tokens=10, draft_max=4)
+    assert tokens_of(events) == [2] and stats.finish_reason == "stop"
+    assert stats.drafted == 2 and stats.accepted == 2  # 2 and EOS; not 3 and 4
+    assert target.calls[-1] == (3, 3)  # the last token, 2 and EOS: three rows, not five

@@ -313,6 +313,7 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
         if gate is not None:
             options["gate"] = gate
         drafts, draft_probs = drafter.propose(committed, k, params, rng, **options)
+        drafts, draft_probs = _until_end(drafts, draft_probs, target.vocab.eog_ids)
     allowed = None
     if constraint is not None:
         drafts, draft_probs, allowed = _constrain(constraint, drafts, draft_probs)
@@ -346,6 +347,16 @@ def _tree_round(target, drafter, committed, k, width, params, rng, clock=time.pe
     target.keep_branch([0, *(i + 1 for i in path)])  # the root and the accepted nodes; last_hidden their rows
     accepted = [tree.tokens[i] for i in path]
     return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2
+
+
+def _until_end(drafts, draft_probs, eog):
+    """The draft up to its first end-of-generation token: the answer ends there if the target accepts it, so rows
+    after it would be verified, and counted as accepted, for nothing. A stopping rule on the drafted tokens, as a
+    gate's: the rule stays exact."""
+    end = next((i for i, token in enumerate(drafts) if token in eog), len(drafts))
+    if end >= len(drafts) - 1:
+        return drafts, draft_probs
+    return drafts[:end + 1], None if draft_probs is None else rule.as_laws(draft_probs, len(drafts))[:end + 1]
 
 
 def _constrain(constraint, drafts, draft_probs):
