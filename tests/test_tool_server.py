@@ -151,3 +151,18 @@ def test_the_python_api_forces_a_valid_call_in_each_familys_format(engine, famil
     assert text.startswith("[{") == (family == "mistral-nemo")  # after [TOOL_CALLS], which ends the prompt
     result = engine.generate("Drive forward two meters.", tools=TOOLS, tool_choice="none", max_tokens=8)
     assert result.tool_calls == [] and result.content == result.text
+
+
+def test_forced_calls_of_several_clients_at_once_are_each_the_call_made_alone(default_gguf, client):
+    """--parallel 2: two clients' forced calls decode side by side, each stream under its own grammar, and each
+    is the call the one-at-a-time server makes for the same request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asks = ASKS[::4]
+    alone = [ask(client, content, tool_choice="required").choices[0].message.tool_calls[0].function
+             for content, _ in asks]
+    with serve("--target", str(default_gguf), "--draft", "ngram", "--ctx", "1024", "--parallel", "2") as url:
+        parallel = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda a: ask(parallel, a[0], tool_choice="required"), asks))
+    assert [r.choices[0].message.tool_calls[0].function for r in together] == alone
