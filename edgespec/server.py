@@ -444,8 +444,9 @@ async def _whole(gen: Generation, item, ids: dict, chat: bool, deadline: float |
     stream, text = item[1], "".join(pieces)
     finish = FINISH.get(stream.stats.finish_reason, "stop")
     message = {"role": "assistant", "content": text}
-    if stream.tools is not None and stream.tool_calls:
-        message, finish = {**message, "content": stream.content, "tool_calls": stream.tool_calls}, "tool_calls"
+    if stream.tools is not None and stream.tool_calls:  # a call cut short (length) keeps that finish reason
+        message = {**message, "content": stream.content, "tool_calls": stream.tool_calls}
+        finish = "tool_calls" if finish == "stop" else finish
     choice = ({"index": 0, "message": message, "finish_reason": finish} if chat
               else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
     return {**ids, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
@@ -456,8 +457,8 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
                limit: float | None):
     """Server-sent events for a stream; an error (a timeout included) is its last event before [DONE]. A client
     that disconnects cancels the response: `finally` (or the watcher, if the response never started) stops
-    the generation. With tools, text that may be a call is held back (tool_calls.CallReader) and its calls
-    sent at the end, a delta each (id, name and the whole arguments), as OpenAI's clients reassemble them."""
+    the generation. With tools, text that may be a call is held back and its calls sent at the end, a delta
+    each; a forced call streams its name, then its arguments as they come (tool_calls.CallReader)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, finish: str | None = None, first: bool = False, delta: dict | None = None,
@@ -475,9 +476,11 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
             yield chunk(None, first=True)
         reader = CallReader(gen.tools) if gen.tools is not None else None
         while item[0] == "event":
-            text = reader.feed(item[1].text) if reader else item[1].text
+            text, calls = reader.feed(item[1].text) if reader else (item[1].text, [])
             if text:  # from_draft: the page highlights the draft's accepted tokens
                 yield chunk(text, edgespec={"from_draft": item[1].from_draft})
+            if calls:
+                yield chunk(None, delta={"tool_calls": calls})
             item = await _next(gen, deadline, limit)
         if item[0] == "error":
             refusal = failure(item[1])
@@ -486,12 +489,12 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
             stream = item[1]
             finish = FINISH.get(stream.stats.finish_reason, "stop")
             if reader:
-                rest, calls = reader.finish()
+                rest, calls, called = reader.finish()
                 if rest:
                     yield chunk(rest)
-                for i, call in enumerate(calls):
-                    yield chunk(None, delta={"tool_calls": [{"index": i, **call}]})
-                finish = "tool_calls" if calls else finish
+                for call in calls:
+                    yield chunk(None, delta={"tool_calls": [call]})
+                finish = "tool_calls" if called and finish == "stop" else finish
             yield chunk(None, finish, usage=_usage(stream), edgespec=stream.stats.to_dict())
         yield "data: [DONE]\n\n"
     finally:

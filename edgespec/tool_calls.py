@@ -37,6 +37,9 @@ from edgespec.errors import EdgespecError
 FAMILIES = ("hermes", "llama3", "mistral", "json")
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>"}  # what opens a call
 ARGUMENTS = {"llama3": "parameters"}  # the key of a call's arguments, where not "arguments"
+# a forced call's text as its schema and COMPACT fix it: this head, the arguments, then the family's closing
+_FORCED_HEAD = re.compile(r'\[?\{"name": "([A-Za-z0-9_-]{1,64})", "(?:arguments|parameters)": ')
+_CLOSERS = {"mistral": "}]"}  # others: "}"
 COMPACT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}  # JSON as OpenAI writes it
 INSTRUCTIONS = ("You can call these tools; each one's arguments follow its JSON schema:\n{tools}\n\n"
                 'To call a tool, answer with only a JSON object {{"name": "<the tool\'s name>", "arguments": '
@@ -227,10 +230,19 @@ class ToolSet:
         return {**call, "x-guidance": COMPACT}
 
     def read(self, text: str) -> tuple[str | None, list[dict]]:
-        """(content, tool_calls) of an answer's text (after the opener)."""
+        """(content, tool_calls) of an answer's text (after the opener). A forced call's arguments are the text
+        the model wrote (valid under the schema, so they parse), as a stream sends them."""
         if not self.calling:
             return text, []
         content, calls = parse_calls(self.opener() + text, self.family, self.names)
+        head = _FORCED_HEAD.match(text) if self.forced else None
+        if head is not None and head.group(1) in self.names:
+            # the schema fixes the call's text: its head, the arguments, its closing characters; a call cut short
+            # (max_tokens) keeps the arguments written so far, as OpenAI's does
+            arguments = text[head.end():len(text) - len(_CLOSERS.get(self.family, "}"))] if calls else \
+                text[head.end():]
+            call = calls[0] if calls else {"id": call_id(self.family), "type": "function"}
+            content, calls = None, [{**call, "function": {"name": head.group(1), "arguments": arguments}}]
         return content, calls if self.parallel else calls[:1]
 
 
@@ -298,10 +310,14 @@ def _arguments(function: dict):
 
 
 class CallReader:
-    """A streamed answer split into the content to send now and the text held back while it may be a call:
-    from the family's call opener on (hermes, mistral), or the whole answer where it starts as a call does
-    (llama3, json: a JSON object or <|python_tag|>); a forced answer is held whole. finish() reads what was
-    held: (the content left to send, tool_calls)."""
+    """A streamed answer as OpenAI streams it: content to send now, and tool-call deltas.
+
+    Text that may be a call is held back: from the family's call opener on (hermes, mistral), or the whole answer
+    where it starts as a call does (llama3, json: a JSON object or <|python_tag|>); its calls are read at the end
+    and sent whole, a delta each. A forced call (its format fixed by the schema) is streamed as it is decoded:
+    the first delta names the function once its name is written, the next ones carry its arguments' text as it
+    comes (all but the closing characters of the call, which are not the arguments'), so they add up to the
+    arguments that ToolSet.read returns for the whole answer."""
 
     def __init__(self, tools: ToolSet):
         self.tools = tools
@@ -309,8 +325,45 @@ class CallReader:
         self.held = ""
         self.holding = bool(tools.forced)  # everything from here on is held
         self.decided = not tools.calling  # nothing more is held: no calls asked for, or (llama3, json) text began
+        self.call: dict | None = None  # a forced call whose name was sent: its id, arguments' start, text sent
+        self.closer = len(_CLOSERS.get(tools.family, "}"))
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """(content to send now, tool-call deltas to send now) for the answer's next text."""
+        if self.tools.forced:
+            self.held += text
+            return "", self._forced()
+        return self._text(text), []
+
+    def finish(self) -> tuple[str | None, list[dict], bool]:
+        """(content left to send, tool-call deltas left to send, whether the answer made a call)."""
+        if self.tools.forced:
+            content, calls = self.tools.read(self.held)
+            if self.call is None:  # the name not written yet (cut short): as the whole answer reads
+                return content, _deltas(calls), bool(calls)
+            rest = calls[0]["function"]["arguments"][self.call["sent"]:]
+            return None, [{"index": 0, "function": {"arguments": rest}}] if rest else [], True
+        if not self.holding:
+            return (self.held or None), [], False
+        content, calls = self.tools.read(self.held)
+        return content, _deltas(calls), bool(calls)
+
+    def _forced(self) -> list[dict]:
+        if self.call is None:
+            head = _FORCED_HEAD.match(self.held)
+            if head is None or head.group(1) not in self.tools.names:
+                return []
+            self.call = {"start": head.end(), "sent": 0}
+            first = {"index": 0, "id": call_id(self.tools.family), "type": "function",
+                     "function": {"name": head.group(1), "arguments": ""}}
+            return [first, *self._forced()]
+        ready = self.held[self.call["start"]:len(self.held) - self.closer]  # the call's closing held back
+        if len(ready) <= self.call["sent"]:
+            return []
+        piece, self.call["sent"] = ready[self.call["sent"]:], len(ready)
+        return [{"index": 0, "function": {"arguments": piece}}]
+
+    def _text(self, text: str) -> str:
         if self.holding:
             self.held += text
             return ""
@@ -336,5 +389,7 @@ class CallReader:
         self.decided = True
         return buffer
 
-    def finish(self) -> tuple[str | None, list[dict]]:
-        return self.tools.read(self.held) if self.holding else ((self.held or None), [])
+
+def _deltas(calls: list[dict]) -> list[dict]:
+    """Whole calls as stream deltas, one each."""
+    return [{"index": i, **call} for i, call in enumerate(calls)]

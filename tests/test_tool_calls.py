@@ -7,7 +7,16 @@ import pytest
 
 from edgespec.decode.text import render_chat
 from edgespec.errors import EdgespecError
-from edgespec.tool_calls import CallReader, ToolSet, chat_history, check_choice, check_tools, family_of, parse_calls
+from edgespec.tool_calls import (
+    ARGUMENTS,
+    CallReader,
+    ToolSet,
+    chat_history,
+    check_choice,
+    check_tools,
+    family_of,
+    parse_calls,
+)
 
 TEMPLATES = {p.stem: p.read_text(encoding="utf-8") for p in (Path(__file__).parent / "data" / "chat_templates").glob(
     "*.jinja")}
@@ -154,31 +163,71 @@ ANSWERS = [  # (family, what the model wrote); each is streamed in pieces below
 ]
 
 
+def reassemble(deltas: list[dict]) -> list[dict]:
+    """Tool-call deltas added up as OpenAI's clients add them: by index, the name and arguments' text joined."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        call = calls.setdefault(delta["index"], {"id": None, "name": "", "arguments": ""})
+        call["id"] = delta.get("id") or call["id"]
+        call["name"] += delta.get("function", {}).get("name") or ""
+        call["arguments"] += delta.get("function", {}).get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+def stream_through(reader: CallReader, answer: str, piece: int):
+    """(the content sent as it came, the content sent at the end, every delta, whether it called)."""
+    sent, deltas = [], []
+    for i in range(0, len(answer), piece):
+        content, more = reader.feed(answer[i:i + piece])
+        sent.append(content)
+        deltas.append(more)
+    rest, last, called = reader.finish()
+    return sent, rest, [*(d for more in deltas for d in more), *last], called
+
+
 @pytest.mark.parametrize("family, answer", ANSWERS)
 @pytest.mark.parametrize("piece", [1, 3, 7])
 def test_a_streamed_answer_sends_its_text_at_once_and_its_calls_as_the_whole_answer_reads(family, answer, piece):
     tools = ToolSet(tuple(TOOLS), family, listed=True, forced=(), parallel=True)
-    reader, sent = CallReader(tools), []
-    for i in range(0, len(answer), piece):
-        sent.append(reader.feed(answer[i:i + piece]))
-    rest, found = reader.finish()
+    sent, rest, deltas, called = stream_through(CallReader(tools), answer, piece)
     content, expected = parse_calls(answer, family, tools.names)
-    streamed = "".join(sent) + (rest or "")
-    assert streamed.strip() == (content or "")
-    assert [c["function"] for c in found] == [c["function"] for c in expected]
+    assert ("".join(sent) + (rest or "")).strip() == (content or "")
+    assert [{"name": c["name"], "arguments": c["arguments"]} for c in reassemble(deltas)] == [
+        c["function"] for c in expected] and called == bool(expected)
     if not expected and not answer.lstrip().startswith("{"):  # text goes out as it comes, but for a possible tag
         assert "".join(sent) == answer.removesuffix("<tool_")
 
 
-def test_a_forced_answer_is_held_whole_and_tool_choice_none_reads_no_call():
-    forced = ToolSet.of(TOOLS, "required", True, TEMPLATES["qwen2.5"])
-    reader = CallReader(forced)
-    assert reader.feed('{"name": "move", "arguments": {"distance": 1}}') == ""
-    assert reader.finish()[1][0]["function"] == {"name": "move", "arguments": '{"distance": 1}'}
+@pytest.mark.parametrize("family, template", [("hermes", "qwen2.5"), ("mistral", "mistral-nemo"),
+                                              ("llama3", "llama-3.1"), ("json", "smollm2")])
+@pytest.mark.parametrize("cut", [0, 9, 30])  # characters the answer lost to max_tokens
+def test_a_forced_call_streams_its_arguments_as_they_come_and_they_add_up_to_the_whole_answers(family, template,
+                                                                                            cut):
+    tools = ToolSet.of(TOOLS, "required", True, TEMPLATES[template])
+    key = ARGUMENTS.get(family, "arguments")
+    call = f'{{"name": "move", "{key}": {{"distance": 1.5, "to": {{"x": -2}}}}}}'
+    answer = f"[{call}]" if family == "mistral" else call
+    answer = answer[:len(answer) - cut]
+    _, expected = tools.read(answer)
+    sent, rest, deltas, called = stream_through(CallReader(tools), answer, 1)
+    assert "".join(sent) == "" and rest is None and called
+    assert deltas[0] == {"index": 0, "id": deltas[0]["id"], "type": "function",
+                         "function": {"name": "move", "arguments": ""}}
+    (whole,) = reassemble(deltas)
+    # the arguments came as they were written, a delta a character here, not at the end
+    assert len(deltas) - 1 >= len(whole["arguments"]) - 2
+    assert (whole["name"], whole["arguments"]) == ("move", expected[0]["function"]["arguments"])
+    if cut == 0:
+        assert json.loads(whole["arguments"]) == {"distance": 1.5, "to": {"x": -2}}
+    else:  # cut short, as OpenAI's: the arguments written so far
+        assert whole["arguments"] == answer[answer.index(f'"{key}": ') + len(key) + 4:]
+
+
+def test_tool_choice_none_reads_no_call():
     none = ToolSet.of(TOOLS, "none", True, TEMPLATES["qwen2.5"])
     assert none.calling is False and none.rendered() == list(none.tools)  # the model still sees the tools
     call = '<tool_call>{"name": "move", "arguments": {}}</tool_call>'
-    assert CallReader(none).feed(call) == call and none.read(call) == (call, [])
+    assert CallReader(none).feed(call) == (call, []) and none.read(call) == (call, [])
 
 
 def test_one_call_is_kept_where_parallel_calls_are_off():

@@ -86,6 +86,27 @@ def test_required_picks_one_of_the_tools_and_a_stream_reassembles_to_the_same_ca
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [(call.function.name, call.function.arguments)]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(c.choices[0].delta.content for c in chunks)
+    pieces = [d for c in chunks for d in c.choices[0].delta.tool_calls or [] if d.function.arguments]
+    assert len(pieces) > 3  # the arguments streamed as they were decoded
+
+
+def test_a_forced_call_cut_short_ends_with_length_and_the_arguments_so_far(client):
+    """max_tokens ends the call inside its arguments: as OpenAI's, finish_reason length and the arguments written
+    so far, the same whole and streamed."""
+    content = "Weather for São Paulo, please."
+    whole = client.chat.completions.create(model="any", messages=[{"role": "user", "content": content}],
+                                           tools=TOOLS, tool_choice="get_weather", max_tokens=12, temperature=0)
+    assert whole.choices[0].finish_reason == "length"
+    (call,) = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith('{"')
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)  # unfinished
+    chunks = list(client.chat.completions.create(model="any", messages=[{"role": "user", "content": content}],
+                                                 tools=TOOLS, tool_choice="get_weather", max_tokens=12,
+                                                 temperature=0, stream=True))
+    streamed = "".join(d.function.arguments or "" for c in chunks for d in c.choices[0].delta.tool_calls or [])
+    assert streamed == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
+
 
 
 def test_auto_answers_in_text_where_no_tool_serves(client):
