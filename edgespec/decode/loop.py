@@ -349,14 +349,19 @@ def _tree_round(target, drafter, committed, k, width, params, rng, clock=time.pe
     return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2
 
 
+def verified_length(drafts, eog) -> int:
+    """How many of a draft's tokens a round verifies: those up to its first end-of-generation token. The answer ends
+    there if the target accepts it, so rows after it would be verified, and counted as accepted, for nothing. A
+    stopping rule on the drafted tokens, as a gate's: the rule stays exact."""
+    return next((i + 1 for i, token in enumerate(drafts) if token in eog), len(drafts))
+
+
 def _until_end(drafts, draft_probs, eog):
-    """The draft up to its first end-of-generation token: the answer ends there if the target accepts it, so rows
-    after it would be verified, and counted as accepted, for nothing. A stopping rule on the drafted tokens, as a
-    gate's: the rule stays exact."""
-    end = next((i for i, token in enumerate(drafts) if token in eog), len(drafts))
-    if end >= len(drafts) - 1:
+    """The draft cut to its verified_length."""
+    n = verified_length(drafts, eog)
+    if n == len(drafts):
         return drafts, draft_probs
-    return drafts[:end + 1], None if draft_probs is None else rule.as_laws(draft_probs, len(drafts))[:end + 1]
+    return drafts[:n], None if draft_probs is None else rule.as_laws(draft_probs, len(drafts))[:n]
 
 
 def _constrain(constraint, drafts, draft_probs):

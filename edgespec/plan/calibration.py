@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backends.protocol import forward_rows, sync
-from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.loop import Stats, speculate, verified_length
 from edgespec.decode.rule import dense
 from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
@@ -199,7 +199,7 @@ def draft_tables(drafter, target, prompt: list[int], answer: list[int], logits: 
                 if table is beta_t0 and params.greedy:
                     break
                 drafts, q = drafter.propose(context, k_max, settings, rng)
-                depth = min(len(drafts), n - i)
+                depth = min(verified_length(drafts, target.vocab.eog_ids), n - i)  # as the loop verifies them
                 if depth:
                     q = dense(q, drafts, rows.shape[1])  # [len(drafts), V]
                     table[i, :depth] = overlap(rows[i:i + depth], q[:depth])
