@@ -49,7 +49,7 @@ class Result:
     text: str  # what the model wrote
     tokens: list[int]
     stats: Stats
-    content: str | None = None  # with tools: the text outside the calls (None where none is left)
+    content: str | None = None  # the text outside the calls (None where none is left; without tools, text)
     tool_calls: list[dict] | None = None  # with tools: the calls in OpenAI's shape (id, type, function)
 
     def to_dict(self) -> dict:
@@ -80,6 +80,7 @@ class Stream:
 
     @property
     def content(self) -> str | None:
+        """The text outside the calls (without tools: the text)."""
         return self._read()[0]
 
     @property
@@ -133,9 +134,18 @@ class Engine:
         pairing = model.vocabulary() if hasattr(model, "vocabulary") else {}
         return {"target": self.target.placement(), "draft": {**self.draft_backend.placement(), **pairing}}
 
-    def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None) -> list[int]:
-        """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False)."""
-        return prompt_tokens(self.target, prompt, chat=chat)
+    def prompt_tokens(self, prompt: str | Sequence[dict], *, chat: bool | None = None, tools: list[dict] | None = None,
+                      tool_choice="auto", parallel_tool_calls: bool = True) -> list[int]:
+        """Token ids for a prompt: a list of chat messages, or a string (chat-templated unless chat=False), with
+        the tools as `stream` gives them to the model."""
+        return self._prompt(prompt, chat, tools, tool_choice, parallel_tool_calls)[0]
+
+    def _prompt(self, prompt, chat, tools, tool_choice, parallel_tool_calls) -> tuple[list[int], ToolSet | None]:
+        """(the prompt's token ids, the request's tools as the generation uses them)."""
+        toolset = ToolSet.of(tools, tool_choice, parallel_tool_calls, self.target.chat_template())
+        if toolset is not None and isinstance(prompt, str) and chat is False:
+            raise EdgespecError("tools need a chat prompt: give messages, or a string without chat=False")
+        return prompt_tokens(self.target, prompt, chat=chat, tools=toolset), toolset
 
     def stream(self, prompt: str | Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
@@ -151,10 +161,7 @@ class Engine:
             raise EdgespecError(f"draft max must be between 0 and {LONGEST_DRAFT}, got {draft_max}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise EdgespecError(f"seed must be a whole number from 0 up (or None), got {seed!r}")
-        toolset = ToolSet.of(tools, tool_choice, parallel_tool_calls, self.target.chat_template())
-        if toolset is not None and isinstance(prompt, str) and chat is False:
-            raise EdgespecError("tools need a chat prompt: give messages, or a string without chat=False")
-        tokens = prompt_tokens(self.target, prompt, chat=chat, tools=toolset)
+        tokens, toolset = self._prompt(prompt, chat, tools, tool_choice, parallel_tool_calls)
         if toolset is not None and toolset.forced:
             if json_schema is not None:
                 raise EdgespecError("a required tool call decodes under its function's schema: give either a "
@@ -209,8 +216,7 @@ class Engine:
         stream = self.stream(prompt, **kwargs)
         for _ in stream:
             pass
-        return Result(stream.text, stream.tokens, stream.stats, *((stream.content, stream.tool_calls)
-                                                                  if stream.tools is not None else ()))
+        return Result(stream.text, stream.tokens, stream.stats, stream.content, stream.tool_calls)
 
     def close(self) -> None:
         for backend in (self.target, self.draft_backend):

@@ -122,11 +122,12 @@ class Slots:
         self.executor = executor or ThreadPoolExecutor(len(self.engines), thread_name_prefix="edgespec-slot")
         self._used = [0] * len(self.engines)  # when each slot last took a request (a count)
 
-    def pick(self, prompt, chat: bool):
+    def pick(self, prompt, chat: bool, **tools):
         """A function choosing a request's slot among the free ones: the one whose cache holds the prompt's
         conversation so far, where one does (at least half its cached tokens lead the prompt: its next turn),
-        else the one used longest ago (the conversation least likely to come back)."""
-        tokens = self.engines[0].prompt_tokens(prompt, chat=chat) if len(self.engines) > 1 else []
+        else the one used longest ago (the conversation least likely to come back). tools: the request's, which
+        the template lists before the conversation (Engine.prompt_tokens)."""
+        tokens = self.engines[0].prompt_tokens(prompt, chat=chat, **tools) if len(self.engines) > 1 else []
 
         def choose(free: list[int]) -> int:
             def reuse(slot: int) -> int:
@@ -217,7 +218,7 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
         ids = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                "model": served}
         try:
-            pick = slots.pick(prompt, chat)
+            pick = slots.pick(prompt, chat, **body.tool_args())
         except BaseException:
             admission.admitted -= 1
             raise

@@ -14,7 +14,7 @@ from edgespec.api import LONGEST_DRAFT
 from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
 from edgespec.server_errors import check_unicode
-from edgespec.tool_calls import ToolSet
+from edgespec.tool_calls import check_choice, check_tools
 
 
 class TextPart(BaseModel):
@@ -122,10 +122,14 @@ class Sampling(BaseModel):
             return "logprobs", "logprobs are not supported"
         if self.tools is not None or self.tool_choice is not None:
             try:
-                tools = ToolSet.of(self.tools, self.tool_choice, self.parallel_tool_calls, None)
+                specs = check_tools(self.tools) if self.tools else []
             except EdgespecError as e:
-                return ("tool_choice" if str(e).startswith("tool_choice") else "tools"), str(e)
-            if tools is not None and tools.forced and self.schema() is not None:
+                return "tools", str(e)
+            try:
+                forced = check_choice(self.tool_choice, {s["name"] for s in specs})
+            except EdgespecError as e:
+                return "tool_choice", str(e)
+            if forced and self.schema() is not None:
                 return "response_format", ("a required tool call decodes under its function's schema: send "
                                            "response_format or a tool_choice that forces a call, not both")
         if self.response_format is None:
@@ -151,8 +155,14 @@ class Sampling(BaseModel):
         return {"max_tokens": self.max_completion_tokens or self.max_tokens or default_max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                 "seed": self.seed, "stop": stop, "draft_max": self.draft_max, "json_schema": self.schema(),
-                **({"tools": self.tools, "tool_choice": self.tool_choice or "auto",
-                    "parallel_tool_calls": self.parallel_tool_calls} if self.tools is not None else {})}
+                **self.tool_args()}
+
+    def tool_args(self) -> dict:
+        """The tool fields as Engine.stream and Engine.prompt_tokens take them (none where none were sent)."""
+        if self.tools is None:
+            return {}
+        return {"tools": self.tools, "tool_choice": self.tool_choice or "auto",
+                "parallel_tool_calls": self.parallel_tool_calls}
 
 
 class ChatRequest(Sampling):

@@ -37,14 +37,15 @@ from edgespec.errors import EdgespecError
 FAMILIES = ("hermes", "llama3", "mistral", "json")
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>"}  # what opens a call
 ARGUMENTS = {"llama3": "parameters"}  # the key of a call's arguments, where not "arguments"
+_NAME = r"[A-Za-z0-9_-]{1,64}"  # what OpenAI accepts as a function name
+NAME = re.compile(f"^{_NAME}$")
 # a forced call's text as its schema and COMPACT fix it: this head, the arguments, then the family's closing
-_FORCED_HEAD = re.compile(r'\[?\{"name": "([A-Za-z0-9_-]{1,64})", "(?:arguments|parameters)": ')
+_FORCED_HEAD = re.compile(rf'\[?\{{"name": "({_NAME})", "(?:arguments|parameters)": ')
 _CLOSERS = {"mistral": "}]"}  # others: "}"
 COMPACT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}  # JSON as OpenAI writes it
 INSTRUCTIONS = ("You can call these tools; each one's arguments follow its JSON schema:\n{tools}\n\n"
                 'To call a tool, answer with only a JSON object {{"name": "<the tool\'s name>", "arguments": '
                 "{{<its arguments>}}}}. Otherwise answer in text.")
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts as a function name
 
 
 def check_tools(tools: list) -> list[dict]:
@@ -84,6 +85,11 @@ def family_of(template: str | None) -> str:
     if "<|python_tag|>" in text or "ipython" in text:
         return "llama3"
     return "json"
+
+
+def lists_tools(template: str | None) -> bool:
+    """Whether a chat template lists the tools itself (it reads the `tools` variable)."""
+    return "tools" in (template or "")
 
 
 def parse_calls(text: str, family: str, names: set[str] | None = None) -> tuple[str | None, list[dict]]:
@@ -154,11 +160,14 @@ def call_id(family: str) -> str:
 
 def check_choice(tool_choice, names: set[str]) -> tuple[str, ...] | None:
     """The functions one of which the answer must call, from OpenAI's tool_choice ("auto", "required", "none",
-    {"type": "function", "function": {"name": ...}}, or a bare name): () for auto, None for none."""
+    {"type": "function", "function": {"name": ...}}, or a bare name) among the tools' names: () for auto, None
+    for none."""
     if tool_choice in (None, "auto"):
         return ()
     if tool_choice == "none":
         return None
+    if not names:
+        raise EdgespecError("tool_choice needs tools: send the functions the model may call")
     if tool_choice == "required":
         return tuple(sorted(names))
     name = tool_choice
@@ -186,15 +195,13 @@ class ToolSet:
 
     @classmethod
     def of(cls, tools: list, tool_choice, parallel: bool, template: str | None) -> ToolSet | None:
-        """The request's tools for a chat template; None where there are none."""
-        if not tools and tool_choice in (None, "auto", "none"):  # some clients send [] for none
-            return None
-        if not tools:
-            raise EdgespecError("tool_choice needs tools: send the functions the model may call")
-        specs = check_tools(tools)
+        """The request's tools for a chat template; None where there are none (some clients send [] for none)."""
+        specs = check_tools(tools) if tools else []
         forced = check_choice(tool_choice, {s["name"] for s in specs})
+        if not specs:
+            return None
         entries = tuple({"type": "function", "function": spec} for spec in specs)
-        return cls(entries, family_of(template), "tools" in (template or ""), forced or (), parallel,
+        return cls(entries, family_of(template), lists_tools(template), forced or (), parallel,
                    calling=forced is not None)
 
     @property
@@ -252,7 +259,7 @@ def chat_history(messages: list[dict], template: str | None, tools: ToolSet | No
     as the JSON the model is told to answer with (and a `tool` result as a user turn naming its function where
     the template takes only user and assistant turns); and the tools' instructions where the template needs
     them (a system message, or the first user turn for a template without a system role)."""
-    listed = "tools" in (template or "")
+    listed = lists_tools(template)
     alternating = not listed and "alternate" in (template or "")  # Gemma's: only user and assistant turns
     named: dict[str, str] = {}  # call id -> function name, for the results of a template without tools
     out = []

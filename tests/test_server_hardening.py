@@ -380,3 +380,27 @@ def test_admission_hands_free_slots_out_first_come_first_served():
         assert (admission.admitted, admission.free) == (0, {0, 1})
 
     asyncio.run(scenario())
+
+
+def test_a_tool_conversations_next_turn_picks_the_slot_holding_it():
+    """The template gives the model the tools before the conversation, so the slot holding an agent's conversation
+    is found only by the prompt with its tools: its next turn (a tool result) goes there, not to the least
+    recently used slot."""
+    from edgespec.server import Slots
+
+    tools = {"tools": [{"type": "function", "function": {"name": "move"}}], "tool_choice": "auto",
+             "parallel_tool_calls": True}
+    streams = Streams([FakeBackend(deterministic_table({}, V), n_ctx=4096) for _ in range(2)])
+    slots = Slots(streams)
+    first = [{"role": "user", "content": "bcde"}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "move", "arguments": "{}"}}
+    held = streams.engines[1].prompt_tokens(first, chat=True, **tools)
+    streams.engines[1].target.tokens = [*held, 1, 2]  # slot 1 answered the first turn
+    streams.engines[0].target.tokens = [3, 3]
+    slots._used = [0, 1]  # slot 0 was used longest ago
+    turn = [*first, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    assert slots.pick(turn, True, **tools)([0, 1]) == 1
+    slots._used = [0, 1]
+    assert slots.pick(turn, True)([0, 1]) == 0  # without the tools the conversation is not recognised
+    slots.executor.shutdown()
