@@ -98,9 +98,10 @@ class Parallel:
         self.streams = streams
         self._lock = threading.Lock()
 
-        def shared(path, ctx, s):
+        def shared(path, ctx, s, drafts_for=None):
             return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,
-                                              overlap=False, outputs=streams * MAX_OUTPUTS, **s))
+                                              overlap=False, outputs=streams * MAX_OUTPUTS, **s),
+                                 drafts_for=drafts_for)
 
         self.target = shared(target, n_ctx, settings)
         self.draft = None
@@ -116,7 +117,12 @@ class Parallel:
             costs = self._batch_costs(1)
             draft_cost, prior, read_cost = 0.0, None, None
             if spec.kind == "model":
-                self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings)
+                # its steps join those of the other streams drafting (backends/llama/streams.py), but a step is
+                # priced whole, as if the others did not draft: what it adds to the round where it drafts alone
+                # (the others' verify waits for it). Priced as a share of a step of every generating stream, a
+                # stream whose text drafted well drafted alone at a fraction of its cost: at 2 streams 93 tok/s
+                # against 97 target-only, the draft model declined (docs/results/2026-11-27-streams-draft.md)
+                self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings, self.target)
                 draft_cost = measure_pass_costs(self.draft.stream(0), 1)[1]
                 read_cost = measure_read_cost(self.draft.stream(0))
             self.engines: list[Engine] = []

@@ -140,3 +140,74 @@ def test_each_streams_controller_prices_its_passes_among_the_generating_streams(
         p.end(2)
         p.end(0)
         assert controllers[1].target_costs == pytest.approx({n: c[n] for n in range(1, 10)})
+
+
+def test_the_streams_draft_steps_run_as_one_decode_and_their_verify_waits_for_them(reference_pair):
+    """A draft model's context joined to its target's: two streams drafting step together (one decode of the draft
+    a step), and a stream that verifies at once waits for the drafting stream's rows, not past it (one decode of
+    the target for both). Waits of 5 s: the order is the rule's, not the scheduler's luck."""
+    target_file, draft_file = reference_pair
+
+    def opened(path, **kw):
+        shared = SharedContext(LlamaBackend(path, n_ctx=512, n_threads=1, sequences=2, overlap=False,
+                                            outputs=2 * MAX_OUTPUTS), wait_s=5.0, **kw)
+        decode = shared.backend._decode
+        shared.log = []
+        shared.backend._decode = lambda items: shared.log.append({seq for _, _, seq, _ in items}) or decode(items)
+        return shared
+
+    target = opened(target_file)
+    draft = opened(draft_file, drafts_for=target)
+    text = [(7 * i + 3) % 4000 + 100 for i in range(8)]
+
+    def both(steps: dict[int, int]):
+        """Each stream reads the text into both models, then drafts steps[i] tokens and verifies them."""
+        rows = {}
+
+        def run(i):
+            target.stream(i).forward(text, 1)
+            draft.stream(i).forward(text, 1)
+            drafted = [int(np.argmax(draft.stream(i).forward([text[-1] + 1], 1)[-1])) for _ in range(steps[i])]
+            rows[i] = target.stream(i).forward([text[-1] + 1, *drafted], len(drafted) + 1)
+            target.end(i)
+
+        for i in steps:
+            target.begin(i)
+        threads = [threading.Thread(target=run, args=(i,)) for i in steps]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in steps:
+            target.stream(i).rollback(0)
+            draft.stream(i).rollback(0)
+        return rows
+
+    both({0: 2, 1: 2})
+    assert draft.log == [{0, 1}, {0, 1}, {0, 1}] and target.log == [{0, 1}, {0, 1}]  # the text read, then a step each
+    draft.log.clear()
+    target.log.clear()
+    rows = both({0: 2, 1: 0})
+    assert draft.log == [{0, 1}, {0}, {0}] and target.log == [{0, 1}, {0, 1}]  # stream 1 verified beside stream 0
+    assert rows[0].shape[0] == 3 and rows[1].shape[0] == 1
+    with pytest.raises(EdgespecError, match="one draft model"):
+        SharedContext(draft.backend, drafts_for=target)
+    draft.close()
+    target.close()
+
+
+def test_a_draft_models_step_is_priced_whole_among_streams(reference_pair):
+    """Among streams a draft step costs a stream what one step alone costs (its steps join the others' where they
+    draft too, but where it drafts alone the others' verify waits for the whole step), as measured at load; a
+    joined round's time does not move it (learn_costs off)."""
+    target, draft = reference_pair
+    with Parallel(target, draft, streams=2, n_ctx=256, threads=1) as p:
+        controllers = [engine.controller for engine in p.engines]
+        step = controllers[0].draft_cost
+        assert step > 0 and controllers[1].draft_cost == step
+        p.begin(0)
+        p.begin(1)
+        controllers[0].observe(3, 1, draft_s=1.0, target_s=1.0)
+        assert controllers[0].draft_cost == step and controllers[0].draft_start == 0.0
+        p.end(1)
+        p.end(0)

@@ -121,7 +121,9 @@ class DraftController:
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
     rejected: float = 1.0
     prior: tuple[float, float] | None = None  # (accepted, rejected) pseudo-counts measured at load (set_prior)
-    learn_costs: bool = True  # observe moves target_costs towards the passes timed (False: set_pass_costs sets them)
+    # observe moves target_costs towards the passes timed and fits the draft's step costs to the rounds timed
+    # (False: set_pass_costs sets them)
+    learn_costs: bool = True
     # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
     bin_accepted: list[float] = field(default_factory=lambda: [
         BIN_PRIOR * (i + 0.5) / CONFIDENCE_BINS for i in range(CONFIDENCE_BINS)])
@@ -383,7 +385,8 @@ class DraftController:
         if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
             self._surveyed = self._spent = None
         if n_drafted:
-            self._fit_cost(draft_steps or n_drafted, draft_s)
+            if self.learn_costs:
+                self._fit_cost(draft_steps or n_drafted, draft_s)
             self.accepted = DECAY * self.accepted + n_accepted
             self.rejected = DECAY * self.rejected + (n_accepted < n_drafted)
             for i in range(min(n_accepted + 1, n_drafted)):  # the kept ones and the first rejected

@@ -12,6 +12,13 @@ in batches of n_batch tokens with the others' joined passes between them (a requ
 long prompt holds the decoding streams up by one batch at a time), as answer_many's prefills do: llama.cpp
 computes passes of 64 rows or more with other kernels, which would move the decoding streams' logits.
 
+A draft model's context joins its target's (`SharedContext(draft, drafts_for=target)`): one lock, the target's
+streams' generations. A round then runs as one pass per draft step and one verify: the streams that draft ask for
+their draft steps, the others for their verify; once every generating stream has asked for a pass of either
+model, the draft steps run as one decode of the draft, the drafting streams' next steps after it, and the verify
+waits for a drafting stream's rows (it comes back within a step) where it would not wait for a stream busy with
+its text.
+
 Each stream's loop keeps its own sampling parameters, generator, drafter and controller: the output of each is
 distributed as target-only decoding of its request, as one stream's is. Every call into llama.cpp holds one lock.
 """
@@ -34,6 +41,7 @@ from edgespec.errors import EdgespecError
 
 WAIT_S = 0.002  # how long a pass waits for the other generating streams' before it runs without them
 POLL_S = 0.001  # past WAIT_S, how often a pass looks whether the decode thread is free
+DRAFTING_WAIT_S = 0.05  # the longest a verify waits for a drafting stream's rows (its steps, sampled on the host)
 
 
 class _DecodeThread:
@@ -81,16 +89,26 @@ class _Pass:
 class SharedContext:
     """One llama.cpp context serving `backend.sequences` streams (see the module docstring)."""
 
-    def __init__(self, backend: LlamaBackend, *, wait_s: float = WAIT_S):
+    def __init__(self, backend: LlamaBackend, *, wait_s: float = WAIT_S, drafts_for: SharedContext | None = None):
         """backend: opened with a sequence per stream, no passes started ahead, and outputs for every stream's
-        pass at once (sequences * MAX_OUTPUTS)."""
+        pass at once (sequences * MAX_OUTPUTS). drafts_for: the target's context, where this is its draft model's
+        (stream i drafts for the target's stream i; the module docstring says how their passes are scheduled)."""
         if backend.hidden or backend.overlap:
             raise EdgespecError("streams share a context without hidden states or passes started ahead")
         self.backend, self.wait_s = backend, wait_s
-        self._cond = threading.Condition()
         self._asked: dict[int, _Pass] = {}  # sequence -> the pass its stream waits for
-        self._active: set[int] = set()  # sequences inside a generation
-        self._prefilling: set[int] = set()  # sequences reading a prompt: the others' passes do not wait for them
+        self.target, self.draft = drafts_for, None
+        if drafts_for is None:
+            self._cond = threading.Condition()
+            self._active: set[int] = set()  # sequences inside a generation
+            self._prefilling: set[int] = set()  # sequences reading a prompt: the others' passes do not wait for them
+            self._drafting: set[int] = set()  # sequences that asked for a draft step since their last verify
+        else:
+            if drafts_for.draft is not None or drafts_for.target is not None:
+                raise EdgespecError("a target's context takes one draft model's context")
+            drafts_for.draft = self
+            self._cond, self._active = drafts_for._cond, drafts_for._active
+            self._prefilling, self._drafting = drafts_for._prefilling, drafts_for._drafting
         self._streams = [StreamBackend(self, i) for i in range(backend.sequences)]
         self.decodes = 0  # joined passes run (for stats and tests)
         self.rows_decoded = 0
@@ -106,6 +124,7 @@ class SharedContext:
     def end(self, i: int) -> None:
         with self._cond:
             self._active.discard(i)
+            self._drafting.discard(i)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -117,20 +136,45 @@ class SharedContext:
         if len(tokens) > MAX_OUTPUTS:
             return self._prefill(stream, list(tokens), n_logits)
         p = _Pass(stream.seq, list(tokens), n_logits)
+        head = self.target or self
         with self._cond:
             self._asked[p.seq] = p
-            deadline = time.monotonic() + self.wait_s
+            (self._drafting.add if self.target else self._drafting.discard)(p.seq)
+            start = time.monotonic()
             while p.rows is None and p.error is None:
-                # past the deadline the pass still waits while the decode thread has other work (another stream's
-                # draft steps): it could not start sooner, and that stream's pass may join it
-                late = time.monotonic() >= deadline
-                if self._active - self._prefilling <= set(self._asked) or late and not DECODER.pending:
-                    self._run_asked()
-                    break
-                self._cond.wait(timeout=POLL_S if late else max(deadline - time.monotonic(), 0.0))
+                waited = time.monotonic() - start
+                ready = head._ready(waited)
+                if ready is not None:  # whichever stream's thread sees a pass ready runs it
+                    ready._run_asked()
+                    continue
+                self._cond.wait(timeout=self.wait_s - waited if waited < self.wait_s else POLL_S)
         if p.error is not None:
             raise p.error
         return p.rows
+
+    def _ready(self, waited: float) -> SharedContext | None:
+        """The context (this target's or its draft model's) whose asked passes run now, the longest wait among
+        them `waited` seconds; None: wait. Called on the target's, holding the lock.
+
+        Draft steps first: once every generating stream has asked for a pass of either model (the drafting streams
+        step together; their verify rows then join the others'), or past wait_s (a stream busy with its text
+        holds no one up for longer). The verify once every generating stream has asked for one; past wait_s also
+        without the streams busy with their text, not without a drafting one (between two steps, back within
+        one), unless it takes DRAFTING_WAIT_S; and past wait_s only while the decode thread has nothing else to
+        do (another context's pass, which a stream that has not asked may be waiting for)."""
+        draft = self.draft
+        drafts = set(draft._asked) if draft is not None else set()
+        missing = self._active - self._prefilling - set(self._asked) - drafts
+        if drafts and (not missing or waited >= self.wait_s):
+            return draft
+        if not self._asked or drafts:
+            return None
+        if not missing:
+            return self
+        late = waited >= self.wait_s and not DECODER.pending
+        if late and (not missing & self._drafting or waited >= DRAFTING_WAIT_S):
+            return self
+        return None
 
     def _run_asked(self) -> None:
         """The passes the streams are waiting for, joined; their streams woken. Called holding the lock."""
@@ -144,6 +188,7 @@ class SharedContext:
         kernels, so the same cache), each a decode of its own. Between batches the decoding streams' joined pass
         runs, so a long prompt holds them up by one batch at a time; and they do not wait for this stream's."""
         rows, first_out = [], len(tokens) - n_logits
+        head = self.target or self
         with self._cond:
             self._prefilling.add(stream.seq)
             self._cond.notify_all()  # passes waiting for this stream's need not
@@ -152,12 +197,18 @@ class SharedContext:
                 chunk = tokens[at:at + self.backend.n_batch]
                 p = _Pass(stream.seq, chunk, max(0, at + len(chunk) - max(first_out, at)))
                 with self._cond:  # the decoding streams' next pass first (waited for up to wait_s)
-                    deadline, decodes = time.monotonic() + self.wait_s, self.decodes
-                    while self._active - self._prefilling - set(self._asked) and self.decodes == decodes \
-                            and time.monotonic() < deadline:
-                        self._cond.wait(timeout=max(deadline - time.monotonic(), 0.0))
-                    self._run_asked()
+                    start, decodes = time.monotonic(), head._group_decodes()
+                    while head._group_decodes() == decodes:
+                        waited = time.monotonic() - start
+                        ready = head._ready(waited)
+                        if ready is not None:
+                            ready._run_asked()
+                        elif waited < self.wait_s:
+                            self._cond.wait(timeout=self.wait_s - waited)
+                            continue
+                        break
                     self._run([p])
+                    self._cond.notify_all()
                 if p.error is not None:
                     raise p.error
                 rows.append(p.rows)
@@ -166,6 +217,9 @@ class SharedContext:
                 self._prefilling.discard(stream.seq)
                 self._cond.notify_all()
         return np.concatenate(rows)
+
+    def _group_decodes(self) -> int:
+        return self.decodes + (self.draft.decodes if self.draft is not None else 0)
 
     def _run_joined(self, passes: list[_Pass]) -> None:
         """The passes in as few decodes as the context's outputs allow (backend.outputs rows each)."""
