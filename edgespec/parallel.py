@@ -2,8 +2,8 @@
 
 `Parallel` opens the target (and a draft model, if one is asked for) once, with a sequence per stream
 (backends/llama/streams.py), and answers a list of requests with up to `streams` of them decoding together: every
-round, the streams' verify passes run as one llama_decode (a pass waits briefly for the others'), and a draft
-model's steps join those of other streams already waiting (without waiting themselves). Each stream keeps its own
+round, the streams' verify passes run as one llama_decode (a pass waits briefly for the others'), and the steps of
+the streams drafting with a draft model run as one decode of the draft. Each stream keeps its own
 sampling parameters, generator, drafter and controller, so each answer is distributed as target-only decoding of
 its request, exactly as one stream's is; greedy answers equal each request decoded alone up to llama.cpp's rounding
 of rows computed beside others' (a near-tie may flip, as answer_many's do). ONNX targets run one stream at a time
@@ -167,7 +167,7 @@ class Parallel:
     def begin(self, stream: int) -> None:
         """Stream `stream` starts a generation: the others' passes wait briefly for its (SharedContext.begin), and
         every stream's controller prices its passes among one more."""
-        self.target.begin(stream)  # a draft model's steps join whichever others are waiting, never wait
+        self.target.begin(stream)  # the draft model's context is scheduled with the target's: one begin for both
         self._reprice(stream, True)
 
     def end(self, stream: int) -> None:
