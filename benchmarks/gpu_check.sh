@@ -9,7 +9,9 @@
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
 # generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's
 # time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
-# streams on one context, experiments/streams_throughput.py). Steps that would run past DEADLINE
+# streams on one context, experiments/streams_throughput.py), SERVE=1 (off by default: it builds llama-server too)
+# issue 45's criterion, edgespec serve --parallel N against llama-server -np N at 1 and 4 clients
+# (benchmarks/serve_load.py: plain and prompt lookup, the random target). Steps that would run past DEADLINE
 # seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
 # process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
 # prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
@@ -30,7 +32,8 @@ step() {
   timeout "$cap" "$@" >"$file" 2>>"$OUT/log.txt" || log "exit status $? (cap ${cap} s): $name"
 }
 log "building llama.cpp"
-bash .gpu-kit/build.sh llama-bench >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+bash .gpu-kit/build.sh llama-bench $([ "${SERVE:-0}" = 1 ] && echo llama-server) >"$OUT/build.txt" 2>&1 \
+  || { tail -30 "$OUT/build.txt"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD:/tmp/llama-gpu/llama.cpp/gguf-py
 BIN=/tmp/llama-gpu/build/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt"
@@ -114,6 +117,14 @@ if [ "${STREAMS:-1}" = 1 ]; then  # issue 45: several requests on one context, w
   step 150 "$OUT/streams.json" "8 requests one at a time and 4 at a time (none, prompt lookup, the draft model)" \
     python3 /tmp/llama-first.py experiments/streams_throughput.py --target "$model" --draft "$draft" --prompts 8 \
     --max-tokens 64 --streams 4 --reps 2 --threads 8 --json
+fi
+if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every python imports llama_cpp first
+  mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
+    >/tmp/llama-first-site/sitecustomize.py
+  step 300 "$OUT/serve-load.txt" "edgespec serve --parallel N against llama-server -np N, 1 and 4 clients" \
+    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 benchmarks/serve_load.py --target "$model" \
+    --clients 1 4 --per-client 4 --max-tokens 64 --threads 8 --ctx 1024 --gpu-layers 99 --llama-bin "$BIN" \
+    --systems llama llama+ngram edgespec edgespec+ngram --json "$OUT/serve-load.json"
 fi
 rm -f "$model" "$draft"
 if [ "${LOOP:-1}" = 1 ]; then
