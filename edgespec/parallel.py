@@ -98,9 +98,16 @@ class Parallel:
         self.streams = streams
         self._lock = threading.Lock()
 
+        # target-only streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads
+        # its own stream's cells, not all of them (a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
+        # prefill beside three such streams 18 %). Drafting streams share one pool: a pool each makes llama.cpp
+        # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
+        # the rows a draft adds to one pass (docs/results/2026-11-27-streams-draft.md)
+        unified = spec.kind != "none"
+
         def shared(path, ctx, s, drafts_for=None):
             return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,
-                                              overlap=False, outputs=streams * MAX_OUTPUTS, **s),
+                                              overlap=False, outputs=streams * MAX_OUTPUTS, unified=unified, **s),
                                  drafts_for=drafts_for)
 
         self.target = shared(target, n_ctx, settings)

@@ -211,3 +211,41 @@ def test_a_draft_models_step_is_priced_whole_among_streams(reference_pair):
         assert controllers[0].draft_cost == step and controllers[0].draft_start == 0.0
         p.end(1)
         p.end(0)
+
+
+def test_streams_with_a_pool_each_fill_the_gaps_between_them_and_take_the_filler_out(reference_pair):
+    """A pool of cells per stream (target-only streams): llama.cpp computes a decode as one pass only over
+    consecutive sequences with as many tokens each, so the idle stream between two decoding ones gets a filler
+    token in the same decode, whose cell is taken out after: that stream's cache and its next row are as before."""
+    from edgespec.backends.llama.lib import lib
+
+    target, _ = reference_pair
+    shared = SharedContext(LlamaBackend(target, n_ctx=3 * 256, n_threads=1, sequences=3, overlap=False,
+                                        outputs=3 * MAX_OUTPUTS, unified=False), wait_s=5.0)
+    log = []
+    decode = shared.backend._decode
+    shared.backend._decode = lambda items: log.append(sorted((seq, out) for _, _, seq, out in items)) or decode(items)
+    texts = [[(7 * i + 3 * s) % 4000 + 100 for i in range(10 + s)] for s in range(3)]
+    for s, text in enumerate(texts):
+        shared.stream(s).forward(text, 1)
+    idle = shared.stream(1)
+    before = idle.forward([5], 1)[-1].copy()
+    idle.rollback(len(texts[1]))
+    rows = {}
+
+    def one_token(s):
+        rows[s] = shared.stream(s).forward([9], 1)
+        shared.end(s)
+
+    shared.begin(0)
+    shared.begin(2)
+    threads = [threading.Thread(target=one_token, args=(s,)) for s in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert log[-1] == [(0, True), (1, False), (2, True)]  # one decode, stream 1's filler without logits
+    assert lib().llama_memory_seq_pos_max(shared.backend._mem, 1) == len(texts[1]) - 1
+    assert idle.tokens == texts[1] and np.array_equal(idle.forward([5], 1)[-1], before)
+    assert rows[0].shape == rows[2].shape == (1, shared.backend.vocab.n_vocab)
+    shared.close()

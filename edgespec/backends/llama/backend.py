@@ -29,12 +29,17 @@ class LlamaBackend(LlamaHandles, Backend):
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
-                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None, outputs: int = MAX_OUTPUTS):
+                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None, outputs: int = MAX_OUTPUTS,
+                 unified: bool | None = None):
         """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
         each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
         prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
         queued; on the CPU it returns when the pass is done, so starting it early gains nothing). outputs: the most
-        rows of logits one decode returns (backends/llama/streams.py joins a pass per stream)."""
+        rows of logits one decode returns (backends/llama/streams.py joins a pass per stream). unified: whether the
+        sequences share one pool of cells (default: where there are several), which draft trees need (a branch
+        shares the cells of the nodes above it); with a pool each (n_ctx / sequences cells, llama-server's slots'
+        layout) a row's attention reads its own sequence's cells only, not every sequence's, but llama.cpp splits
+        a decode into one pass per run of consecutive sequences with as many tokens each (streams.py pads them)."""
         path = check_gguf_file(path)
         if not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
@@ -59,7 +64,7 @@ class LlamaBackend(LlamaHandles, Backend):
         # draft trees: each root-to-leaf branch of a tree is a sequence of its own, and the text and the nodes
         # branches share are cells of several sequences in one unified cache (forward_tree)
         cparams.n_seq_max = sequences
-        cparams.kv_unified = sequences > 1
+        self.unified = cparams.kv_unified = sequences > 1 if unified is None else unified
         cparams.n_outputs_max = outputs  # rows of logits a decode may return (streams.py joins several passes)
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True

@@ -236,6 +236,8 @@ class SharedContext:
         """One llama_decode of the passes' rows, each stream's on its sequence after its cached tokens; rows, or
         the error, handed to each pass, and the streams' tokens extended."""
         backend = self.backend
+        if not backend.unified:  # llama.cpp's order for a pool per sequence: by sequence
+            passes = sorted(passes, key=lambda p: p.seq)
         items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
         n_out = 0
         for p in passes:
@@ -244,6 +246,7 @@ class SharedContext:
             items.extend((tok, start + j, p.seq, j >= first_out) for j, tok in enumerate(p.tokens))
             outputs.append(n_out)
             n_out += p.n_logits
+        padded = [] if backend.unified else self._pad_gaps(passes, items)
         try:
             def decode():
                 backend._decode(items)
@@ -251,16 +254,43 @@ class SharedContext:
 
             rows = DECODER.call(decode)
         except EdgespecError as error:
+            for seq in [p.seq for p in passes] + padded:
+                stream = self._streams[seq]
+                _lib().llama_memory_seq_rm(backend._mem, seq, len(stream.tokens), -1)  # whatever got in
             for p in passes:
-                stream = self._streams[p.seq]
-                _lib().llama_memory_seq_rm(backend._mem, p.seq, len(stream.tokens), -1)  # whatever got in
                 p.error = error
             return
+        for seq in padded:  # the filler's cells, out again
+            _lib().llama_memory_seq_rm(backend._mem, seq, len(self._streams[seq].tokens), -1)
         self.decodes += 1
         self.rows_decoded += len(items)
         for p, first in zip(passes, outputs, strict=True):
             p.rows = rows[first:first + p.n_logits] if n_out else np.empty((0, backend.vocab.n_vocab), dtype=np.float32)
             self._streams[p.seq].tokens.extend(p.tokens)
+
+    def _pad_gaps(self, passes: list[_Pass], items: list) -> list[int]:
+        """Where each sequence has a pool of cells, llama.cpp computes a decode's rows as one pass only if its
+        sequences are consecutive and each brings as many tokens (llama_batch_allocr::split_equal); else one pass
+        per such run, each reading the weights again. Passes of one length (streams decoding a token each) with
+        idle sequences between them: each gap gets as many filler tokens after its cached ones (no logits; the
+        caller takes their cells out after the decode), a row each where a split would cost a pass. Passes of
+        several lengths (a short prompt beside the others' tokens) are left to llama.cpp's split. `items` is
+        extended in sequence order; returns the sequences padded."""
+        length = len(passes[0].tokens)
+        if len(passes) < 2 or any(len(p.tokens) != length for p in passes):
+            return []
+        asked = {p.seq for p in passes}
+        gaps = [seq for seq in range(passes[0].seq + 1, passes[-1].seq) if seq not in asked]
+        if not gaps or any(len(self._streams[seq].tokens) + length > self._streams[seq].n_ctx for seq in gaps):
+            return []
+        by_seq = {}
+        for item in items:
+            by_seq.setdefault(item[2], []).append(item)
+        for seq in gaps:
+            start = len(self._streams[seq].tokens)
+            by_seq[seq] = [(passes[0].tokens[0], start + j, seq, False) for j in range(length)]
+        items[:] = [item for seq in sorted(by_seq) for item in by_seq[seq]]
+        return gaps
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
         with self._cond:
