@@ -102,7 +102,7 @@ class Parallel:
         # its own stream's cells, not all of them (a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
         # prefill beside three such streams 18 %). Drafting streams share one pool: a pool each makes llama.cpp
         # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
-        # the rows a draft adds to one pass (docs/results/2026-11-27-streams-draft.md)
+        # the rows a draft adds to one pass (docs/results/2026-11-27-long-prompts.md)
         unified = spec.kind != "none"
 
         def shared(path, ctx, s, drafts_for=None):
