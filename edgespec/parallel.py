@@ -33,6 +33,8 @@ from edgespec.errors import EdgespecError
 from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
 
+CELLS_PAD = 256  # llama.cpp rounds each sequence's own pool of cells up to a multiple of this
+
 
 def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
     """Pass costs for 1..rows rows from those measured (1..n), never less for more rows (timings are noisy);
@@ -78,6 +80,14 @@ class Parallel:
         if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
             raise EdgespecError(f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and "
                                 "prompt lookup in front of a draft run one stream at a time")
+        # target-only streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads
+        # its own stream's cells, not all of them (a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
+        # prefill beside three such streams 18 %). Drafting streams share one pool: a pool each makes llama.cpp
+        # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
+        # the rows a draft adds to one pass (docs/results/2026-11-27-long-prompts.md)
+        unified = spec.kind != "none"
+        # llama.cpp gives a pool of its own a multiple of 256 cells
+        cells = n_ctx if unified else -(-n_ctx // CELLS_PAD) * CELLS_PAD
         layers = placement.parse_gpu_layers(gpu_layers)
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
         draft_settings = dict(settings)
@@ -86,7 +96,7 @@ class Parallel:
             from edgespec.api import plan_for
             from edgespec.plan.report import refusal
 
-            self.plan = plan_for(target, str(spec), device=device, budget=budget, n_ctx=n_ctx * streams,
+            self.plan = plan_for(target, str(spec), device=device, budget=budget, n_ctx=cells * streams,
                                  kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False)
             if not self.plan.fits:
                 raise EdgespecError(f"{streams} streams of {n_ctx} tokens: {refusal(self.plan)}")
@@ -97,13 +107,6 @@ class Parallel:
             settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
         self.streams = streams
         self._lock = threading.Lock()
-
-        # target-only streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads
-        # its own stream's cells, not all of them (a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
-        # prefill beside three such streams 18 %). Drafting streams share one pool: a pool each makes llama.cpp
-        # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
-        # the rows a draft adds to one pass (docs/results/2026-11-27-long-prompts.md)
-        unified = spec.kind != "none"
 
         def shared(path, ctx, s, drafts_for=None):
             return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,

@@ -249,3 +249,12 @@ def test_streams_with_a_pool_each_fill_the_gaps_between_them_and_take_the_filler
     assert idle.tokens == texts[1] and np.array_equal(idle.forward([5], 1)[-1], before)
     assert rows[0].shape == rows[2].shape == (1, shared.backend.vocab.n_vocab)
     shared.close()
+
+
+@pytest.mark.parametrize(("draft", "cells"), [("none", 2 * 512), ("ngram", 768)])
+def test_the_plan_counts_the_cells_a_pool_per_stream_takes(default_gguf, draft, cells):
+    """Target-only streams' pools of cells are each rounded up to a multiple of 256 by llama.cpp: the memory plan
+    counts those (2 x 512 for 2 x 300); drafting streams share one pool, N x ctx rounded up once (768)."""
+    with Parallel(default_gguf, draft, streams=2, n_ctx=300, threads=1, budget="4GiB") as p:
+        assert p.plan.target.n_ctx == cells
+        assert p.target.backend.unified == (draft != "none")
