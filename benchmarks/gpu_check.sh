@@ -9,7 +9,8 @@
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
 # generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's
 # time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
-# streams on one context, experiments/streams_throughput.py), SERVE=1 (off by default: it builds llama-server too)
+# streams on one context, experiments/streams_throughput.py; 4 streams drafting fixed lengths, experiments/
+# streams_draft.py: what joined draft steps cost there), SERVE=1 (off by default: it builds llama-server too)
 # issue 45's criterion, edgespec serve --parallel N against llama-server -np N at 1 and 4 clients
 # (benchmarks/serve_load.py: plain and prompt lookup, the random target). Steps that would run past DEADLINE
 # seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
@@ -117,6 +118,9 @@ if [ "${STREAMS:-1}" = 1 ]; then  # issue 45: several requests on one context, w
   step 150 "$OUT/streams.json" "8 requests one at a time and 4 at a time (none, prompt lookup, the draft model)" \
     python3 /tmp/llama-first.py experiments/streams_throughput.py --target "$model" --draft "$draft" --prompts 8 \
     --max-tokens 64 --streams 4 --reps 2 --threads 8 --json
+  step 120 "$OUT/streams-draft.json" "4 streams drafting fixed lengths with the draft model, steps joined (costs)" \
+    python3 /tmp/llama-first.py experiments/streams_draft.py --target "$model" --draft "$draft" --prompts 8 \
+    --max-tokens 64 --threads 8 --json
 fi
 if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every python imports llama_cpp first
   mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
