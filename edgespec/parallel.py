@@ -32,8 +32,7 @@ from edgespec.drafts.spec import model_drafter, parse_draft
 from edgespec.errors import EdgespecError
 from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
-
-CELLS_PAD = 256  # llama.cpp rounds each sequence's own pool of cells up to a multiple of this
+from edgespec.plan.planner import CTX_STEP
 
 
 def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
@@ -86,8 +85,7 @@ class Parallel:
         # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
         # the rows a draft adds to one pass (docs/results/2026-11-27-long-prompts.md)
         unified = spec.kind != "none"
-        # llama.cpp gives a pool of its own a multiple of 256 cells
-        cells = n_ctx if unified else -(-n_ctx // CELLS_PAD) * CELLS_PAD
+        cells = n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # each pool rounded up as llama.cpp does
         layers = placement.parse_gpu_layers(gpu_layers)
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
         draft_settings = dict(settings)

@@ -122,7 +122,7 @@ class DraftController:
     rejected: float = 1.0
     prior: tuple[float, float] | None = None  # (accepted, rejected) pseudo-counts measured at load (set_prior)
     # observe moves target_costs towards the passes timed and fits the draft's step costs to the rounds timed
-    # (False: set_pass_costs sets them)
+    # (False: the draft's costs stay as given and set_pass_costs sets the verify's)
     learn_costs: bool = True
     # the gate's calibration: per confidence bin, decayed counts of draft tokens accepted and rejected
     bin_accepted: list[float] = field(default_factory=lambda: [

@@ -39,7 +39,8 @@ class LlamaBackend(LlamaHandles, Backend):
         sequences share one pool of cells (default: where there are several), which draft trees need (a branch
         shares the cells of the nodes above it); with a pool each (n_ctx / sequences cells, llama-server's slots'
         layout) a row's attention reads its own sequence's cells only, not every sequence's, but llama.cpp splits
-        a decode into one pass per run of consecutive sequences with as many tokens each (streams.py pads them)."""
+        a decode into one pass per run of consecutive sequences with as many tokens each (streams.py orders a
+        joined decode by sequence and fills the idle sequences between)."""
         path = check_gguf_file(path)
         if not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")

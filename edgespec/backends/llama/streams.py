@@ -236,17 +236,19 @@ class SharedContext:
         """One llama_decode of the passes' rows, each stream's on its sequence after its cached tokens; rows, or
         the error, handed to each pass, and the streams' tokens extended."""
         backend = self.backend
-        if not backend.unified:  # llama.cpp's order for a pool per sequence: by sequence
-            passes = sorted(passes, key=lambda p: p.seq)
+        passes = sorted(passes, key=lambda p: p.seq)  # llama.cpp's order where each sequence has a pool of cells
+        gaps = [] if backend.unified else self._gaps(passes)
         items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
         n_out = 0
-        for p in passes:
-            stream = self._streams[p.seq]
-            start, first_out = len(stream.tokens), len(p.tokens) - p.n_logits
-            items.extend((tok, start + j, p.seq, j >= first_out) for j, tok in enumerate(p.tokens))
+        for seq, p in sorted([(p.seq, p) for p in passes] + [(seq, None) for seq in gaps], key=lambda e: e[0]):
+            start = len(self._streams[seq].tokens)
+            if p is None:  # a filler after the idle stream's cached tokens, its cells taken out after the decode
+                items.extend((passes[0].tokens[0], start + j, seq, False) for j in range(len(passes[0].tokens)))
+                continue
+            first_out = len(p.tokens) - p.n_logits
+            items.extend((tok, start + j, seq, j >= first_out) for j, tok in enumerate(p.tokens))
             outputs.append(n_out)
             n_out += p.n_logits
-        padded = [] if backend.unified else self._pad_gaps(passes, items)
         try:
             def decode():
                 backend._decode(items)
@@ -254,13 +256,13 @@ class SharedContext:
 
             rows = DECODER.call(decode)
         except EdgespecError as error:
-            for seq in [p.seq for p in passes] + padded:
+            for seq in [p.seq for p in passes] + gaps:
                 stream = self._streams[seq]
                 _lib().llama_memory_seq_rm(backend._mem, seq, len(stream.tokens), -1)  # whatever got in
             for p in passes:
                 p.error = error
             return
-        for seq in padded:  # the filler's cells, out again
+        for seq in gaps:  # the fillers' cells, out again
             _lib().llama_memory_seq_rm(backend._mem, seq, len(self._streams[seq].tokens), -1)
         self.decodes += 1
         self.rows_decoded += len(items)
@@ -268,28 +270,21 @@ class SharedContext:
             p.rows = rows[first:first + p.n_logits] if n_out else np.empty((0, backend.vocab.n_vocab), dtype=np.float32)
             self._streams[p.seq].tokens.extend(p.tokens)
 
-    def _pad_gaps(self, passes: list[_Pass], items: list) -> list[int]:
-        """Where each sequence has a pool of cells, llama.cpp computes a decode's rows as one pass only if its
-        sequences are consecutive and each brings as many tokens (llama_batch_allocr::split_equal); else one pass
-        per such run, each reading the weights again. Passes of one length (streams decoding a token each) with
-        idle sequences between them: each gap gets as many filler tokens after its cached ones (no logits; the
-        caller takes their cells out after the decode), a row each where a split would cost a pass. Passes of
-        several lengths (a short prompt beside the others' tokens) are left to llama.cpp's split. `items` is
-        extended in sequence order; returns the sequences padded."""
+    def _gaps(self, passes: list[_Pass]) -> list[int]:
+        """The idle sequences a decode of `passes` (in sequence order) fills. Where each sequence has a pool of
+        cells, llama.cpp computes a decode's rows as one pass only if its sequences are consecutive and each brings
+        as many tokens (llama_batch_allocr::split_equal); else one pass per such run, each reading the weights
+        again. Passes of one length (streams decoding a token each) with idle sequences between them: each gap
+        gets as many filler tokens after its cached ones (no logits), a row each where a split would cost a pass.
+        Passes of several lengths (a short prompt beside the others' tokens), or a gap without room in its cells,
+        are left to llama.cpp's split."""
         length = len(passes[0].tokens)
-        if len(passes) < 2 or any(len(p.tokens) != length for p in passes):
+        if any(len(p.tokens) != length for p in passes):
             return []
         asked = {p.seq for p in passes}
         gaps = [seq for seq in range(passes[0].seq + 1, passes[-1].seq) if seq not in asked]
-        if not gaps or any(len(self._streams[seq].tokens) + length > self._streams[seq].n_ctx for seq in gaps):
+        if any(len(self._streams[seq].tokens) + length > self._streams[seq].n_ctx for seq in gaps):
             return []
-        by_seq = {}
-        for item in items:
-            by_seq.setdefault(item[2], []).append(item)
-        for seq in gaps:
-            start = len(self._streams[seq].tokens)
-            by_seq[seq] = [(passes[0].tokens[0], start + j, seq, False) for j in range(length)]
-        items[:] = [item for seq in sorted(by_seq) for item in by_seq[seq]]
         return gaps
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
