@@ -9,16 +9,22 @@ target-only, with the same draft and with prompt lookup (--ctx per stream). Both
 --gpu-layers layers on the GPU (0: the CPU only). After one warm-up request, C client threads each send
 --per-client chat requests in turn (non-streaming; greedy with no top-k, top-p or min-p; a fixed seed per
 request): client i takes prompts i, i+C, i+2C, ... of the list, cycling, so every system answers the same
-requests.
+requests. With --turns T each client holds conversations of T turns instead: a first turn from the list, then
+short follow-ups, each sent with the conversation so far (an app's chat); with --slots S fewer than the clients,
+a conversation's next turn often finds its slot taken by another, and what the server kept of its earlier turns
+(a slot's cache, a host-memory prompt cache: llama-server's --cache-ram, edgespec's --prompt-cache, both on by
+default) decides how much of it is read again.
 
 A cell (system, clients) reports the completion tokens of all its answers (usage.completion_tokens, as each server
 counts them) over the wall time from the first request sent to the last answer received, prompt processing and
-queueing included; its latencies (send to answer, per request) at the median and the 95th percentile; and its failed
+queueing included; its latencies (send to answer, per request) at the median and the 95th percentile; the share of
+prompt tokens the server says it did not read (usage.prompt_tokens_details.cached_tokens); and its failed
 requests, which make the cell invalid. Systems run in a rotated order for each client count and each repetition
 (--reps), so a drift in the machine's speed falls on each in turn; repetitions are pooled.
 
 usage: python benchmarks/serve_load.py --target T.gguf [--draft D.gguf] [--clients 1 2 4 8] [--per-client 6]
-       [--max-tokens 96] [--threads 2] [--ctx 1024] [--systems llama llama+draft ...] [--reps 1]
+       [--max-tokens 96] [--threads 2] [--ctx 1024] [--systems llama llama+draft ...] [--reps 1] [--turns 1]
+       [--slots N]
        [--prompts FILE] [--llama-bin DIR] [--json FILE]
 """
 
@@ -45,6 +51,7 @@ SYSTEMS = {  # --systems name -> table label
     "edgespec": "edgespec",
     "edgespec+draft": "edgespec + draft",
     "edgespec+ngram": "edgespec + ngram",
+    "edgespec-cache": "edgespec --prompt-cache 0",  # what its prompt cache is worth (--turns, --slots)
 }
 
 
@@ -53,12 +60,12 @@ class EdgespecServer(Server):
     the GPU (0: the CPU only)."""
 
     def __init__(self, target: str, draft: str, threads: int, ctx: int, streams: int, max_tokens: int,
-                 gpu_layers: int = 0):
+                 gpu_layers: int = 0, extra: tuple[str, ...] = ()):
         self.port = free_port()
         place = ["--cpu"] if gpu_layers == 0 else ["--gpu-layers", str(gpu_layers)]
         command = [sys.executable, "-m", "edgespec.cli", "serve", "-m", target, "--draft", draft,
                    "--parallel", str(streams), "--port", str(self.port), "--threads", str(threads), "--ctx", str(ctx),
-                   "-n", str(max_tokens), "--max-queue", "64", *place]
+                   "-n", str(max_tokens), "--max-queue", "64", *place, *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_healthy(f"{shlex.join(command)} (run it alone to see why)")
 
@@ -66,8 +73,10 @@ class EdgespecServer(Server):
 def start(system: str, args: argparse.Namespace, streams: int) -> Server:
     """The server of `system` (a key of SYSTEMS) with room for `streams` requests at once."""
     if system.startswith("edgespec"):
-        draft = {"edgespec": "none", "edgespec+draft": args.draft, "edgespec+ngram": "ngram"}[system]
-        return EdgespecServer(args.target, draft, args.threads, args.ctx, streams, args.max_tokens, args.gpu_layers)
+        draft = {"edgespec+draft": args.draft, "edgespec+ngram": "ngram"}.get(system, "none")
+        extra = ("--prompt-cache", "0") if system == "edgespec-cache" else ()
+        return EdgespecServer(args.target, draft, args.threads, args.ctx, streams, args.max_tokens, args.gpu_layers,
+                              extra)
     layers = str(args.gpu_layers)
     extra = {"llama": [], "llama+draft": ["-md", args.draft, "-ngld", layers, "--spec-type", "draft-simple"],
              "llama+ngram": ["--spec-type", "ngram-simple"]}[system]
@@ -75,33 +84,54 @@ def start(system: str, args: argparse.Namespace, streams: int) -> Server:
                   slots=streams)
 
 
-def chat(port: int, prompt: str, max_tokens: int, seed: int) -> int:
-    """Completion tokens of one greedy chat answer."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0.0,
-            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed}
+# a conversation's later turns (--turns): short questions about what came before, whose prefix is the whole
+# conversation so far
+FOLLOW_UPS = ["Now say that in one sentence.", "Which word there matters most, and why?",
+              "Give one question a reader might ask next.", "Say it again for a child."]
+
+
+def chat(port: int, messages: list[dict], max_tokens: int, seed: int) -> dict:
+    """One greedy chat answer: {"tokens": completion tokens, "prompt": prompt tokens, "cached": the prompt tokens
+    the server reports it did not read (usage.prompt_tokens_details.cached_tokens, where it says), "text"}."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "seed": seed}
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as r:
-        return int(json.load(r)["usage"]["completion_tokens"])
+        answer = json.load(r)
+    usage = answer["usage"]
+    return {"tokens": int(usage["completion_tokens"]), "prompt": int(usage["prompt_tokens"]),
+            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            "text": answer["choices"][0]["message"]["content"]}
 
 
-def load(port: int, prompts: list[str], clients: int, per_client: int, max_tokens: int) -> dict:
+def load(port: int, prompts: list[str], clients: int, per_client: int, max_tokens: int, turns: int = 1) -> dict:
     """`clients` threads, started together, each sending `per_client` requests in turn; the wall time from the first
-    request sent to the last answer received and every request's record."""
+    request sent to the last answer received and every request's record. turns: each client's requests are the
+    turns of conversations of that many turns (the first turn a prompt of the list, then FOLLOW_UPS, each turn
+    sent with the conversation so far)."""
     records: list[list[dict]] = [[] for _ in range(clients)]  # one list per client: no lock needed
     ready = threading.Barrier(clients)
 
     def client(i: int) -> None:
         ready.wait()
-        for n in range(i, i + per_client * clients, clients):  # request n: prompt n (cycling), seed n
+        messages: list[dict] = []
+        for k in range(per_client):  # request n: seed n; a first turn takes prompt i + clients * conversation
+            n, turn = i + k * clients, k % turns
+            if turn == 0:
+                messages = [{"role": "user", "content": prompts[(i + clients * (k // turns)) % len(prompts)]}]
+            else:
+                messages.append({"role": "user", "content": FOLLOW_UPS[(turn - 1) % len(FOLLOW_UPS)]})
             sent = time.perf_counter()
-            tokens, error = 0, None
+            answer, error = {"tokens": 0, "prompt": 0, "cached": None, "text": ""}, None
             try:
-                tokens = chat(port, prompts[n % len(prompts)], max_tokens, seed=n)
+                answer = chat(port, messages, max_tokens, seed=n)
             except (OSError, ValueError, KeyError, TypeError) as e:  # HTTP and connection errors are OSErrors
                 error = f"{type(e).__name__}: {e}"
-            records[i].append({"client": i, "request": n, "sent": sent, "received": time.perf_counter(),
-                               "tokens": tokens, "error": error})
+            messages.append({"role": "assistant", "content": answer["text"]})
+            records[i].append({"client": i, "request": n, "turn": turn, "sent": sent, "received": time.perf_counter(),
+                               "tokens": answer["tokens"], "prompt_tokens": answer["prompt"],
+                               "cached_tokens": answer["cached"], "error": error})
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -119,13 +149,13 @@ def load(port: int, prompts: list[str], clients: int, per_client: int, max_token
 
 def run_cell(system: str, args: argparse.Namespace, prompts: list[str], clients: int) -> dict:
     """One server of `system` for `clients` clients: started, warmed up with one request, loaded, stopped."""
-    server = start(system, args, clients)
+    server = start(system, args, args.slots or clients)
     try:
         try:
-            chat(server.port, prompts[0], args.max_tokens, seed=0)
+            chat(server.port, [{"role": "user", "content": "Say hello."}], args.max_tokens, seed=0)
         except (OSError, ValueError, KeyError, TypeError) as e:
             return {"wall_s": 0.0, "requests": [], "warmup_error": f"{type(e).__name__}: {e}"}
-        return load(server.port, prompts, clients, args.per_client, args.max_tokens)
+        return load(server.port, prompts, clients, args.per_client, args.max_tokens, args.turns)
     finally:
         server.close()
 
@@ -146,7 +176,10 @@ def summarize(cells: list[dict], clients: int, systems: list[str]) -> list[dict]
         errors = sum(r["error"] is not None for r in requests) + sum("warmup_error" in c for c in runs)
         wall = sum(c["wall_s"] for c in runs)
         tokens = sum(r["tokens"] for r in requests)
+        cached = [r for r in requests if r.get("cached_tokens") is not None]
+        share = sum(r["cached_tokens"] for r in cached) / max(sum(r["prompt_tokens"] for r in cached), 1)
         rows.append({"clients": clients, "system": system, "requests": len(requests), "tokens": tokens,
+                     "prompt_cached": round(share, 3) if cached else None,
                      "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2) if wall else 0.0,
                      "p50_s": percentile(latencies, 0.5), "p95_s": percentile(latencies, 0.95), "errors": errors})
     llama = [r["tok_s"] for r in rows if r["system"].startswith("llama") and not r["errors"]]
@@ -156,18 +189,22 @@ def summarize(cells: list[dict], clients: int, systems: list[str]) -> list[dict]
     return rows
 
 
-def table(rows: list[dict], per_client: int, max_tokens: int) -> str:
+def table(rows: list[dict], args: argparse.Namespace) -> str:
     """The markdown table of one client count."""
     clients = rows[0]["clients"]
-    heading = (f"### {clients} client{'s' * (clients > 1)}, {per_client} request{'s' * (per_client > 1)} each, "
-               f"up to {max_tokens} tokens")
-    lines = [heading, "", "| system | tok/s | x best llama-server | p50 s | p95 s | errors |",
-             "|---|--:|--:|--:|--:|--:|"]
+    slots = args.slots or clients
+    heading = (f"### {clients} client{'s' * (clients > 1)} on {slots} slot{'s' * (slots > 1)}, {args.per_client} "
+               f"request{'s' * (args.per_client > 1)} each"
+               + (f" (conversations of {args.turns} turns)" if args.turns > 1 else "")
+               + f", up to {args.max_tokens} tokens")
+    lines = [heading, "", "| system | tok/s | x best llama-server | p50 s | p95 s | prompt cached | errors |",
+             "|---|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         x = f"{r['vs_best_llama_server']:.2f}" if r["vs_best_llama_server"] is not None else "-"
         p50, p95 = (f"{v:.2f}" if v is not None else "-" for v in (r["p50_s"], r["p95_s"]))
+        cached = f"{r['prompt_cached']:.0%}" if r["prompt_cached"] is not None else "-"
         errors = f"{r['errors']} (invalid)" if r["errors"] else "0"
-        lines.append(f"| {SYSTEMS[r['system']]} | {r['tok_s']:.1f} | {x} | {p50} | {p95} | {errors} |")
+        lines.append(f"| {SYSTEMS[r['system']]} | {r['tok_s']:.1f} | {x} | {p50} | {p95} | {cached} | {errors} |")
     return "\n".join(lines)
 
 
@@ -191,6 +228,11 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (0: the CPU only)")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], help="client counts, a table each")
     ap.add_argument("--per-client", type=int, default=6, help="requests each client sends, one after another")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="each client's requests are conversations of this many turns, each sent with the turns "
+                         "before it [default: 1, every request a new conversation]")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="requests each server decodes at once (-np, --parallel) [default: as many as clients]")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, metavar="SYSTEM",
                     help=f"from {' '.join(SYSTEMS)} [default: all; the +draft ones with --draft]")
@@ -204,11 +246,11 @@ def main() -> None:
     from edgespec.bench import read_prompts
     from edgespec.models.default import default_target
 
-    systems = args.systems or [s for s in SYSTEMS if args.draft or not s.endswith("+draft")]
+    systems = args.systems or [s for s in SYSTEMS if (args.draft or not s.endswith("+draft")) and s != "edgespec-cache"]
     if not args.draft and any(s.endswith("+draft") for s in systems):
         ap.error("the +draft systems need --draft D.gguf")
-    if min(args.clients) < 1 or args.per_client < 1 or args.reps < 1:
-        ap.error("--clients, --per-client and --reps must be at least 1")
+    if min(args.clients) < 1 or args.per_client < 1 or args.reps < 1 or args.turns < 1 or (args.slots or 1) < 1:
+        ap.error("--clients, --per-client, --reps, --turns and --slots must be at least 1")
     args.target = args.target or str(default_target())
     args.binary = llama_bin(args.llama_bin) / "llama-server" if any(s.startswith("llama") for s in systems) else None
     prompts = [row["prompt"] for row in read_prompts(args.prompts)]
@@ -230,11 +272,12 @@ def main() -> None:
                       f"{tokens} tokens in {cell['wall_s']:.1f} s", file=sys.stderr)
     summary = [row for clients in args.clients for row in summarize(cells, clients, systems)]
     for clients in args.clients:
-        print("\n" + table([r for r in summary if r["clients"] == clients], args.per_client, args.max_tokens))
+        print("\n" + table([r for r in summary if r["clients"] == clients], args))
     if args.json:
         report = {"machine": machine(), "command": sys.argv, "target": args.target, "draft": args.draft,
                   "llama_server": str(args.binary) if args.binary else None, "prompts": args.prompts,
                   "threads": args.threads, "ctx_per_stream": args.ctx, "per_client": args.per_client,
+                  "turns": args.turns, "slots": args.slots,
                   "max_tokens": args.max_tokens, "reps": args.reps, "summary": summary, "cells": cells}
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")

@@ -218,6 +218,15 @@ class Engine:
             pass
         return Result(stream.text, stream.tokens, stream.stats, stream.content, stream.tool_calls)
 
+    def cache_prompts(self, cache) -> bool:
+        """Keep the states of the prompts the models read in `cache` (a backends.llama.states.PromptCache, None:
+        stop), so a conversation's next turn starts from its saved state after other requests took the models'
+        cache; the draft model's states too. False where the target cannot (ONNX: it reads a prompt after the
+        prefix its cache holds, as without one)."""
+        if self.draft_backend is not None:
+            self.draft_backend.keep_states(cache)
+        return self.target.keep_states(cache)
+
     def close(self) -> None:
         for backend in (self.target, self.draft_backend):
             if backend is not None:

@@ -234,6 +234,10 @@ class Parallel:
             raise errors[0]
         return results
 
+    def cache_prompts(self, cache) -> bool:
+        """Engine.cache_prompts for every stream: states saved from one stream are restored into any other."""
+        return all([engine.cache_prompts(cache) for engine in self.engines])
+
     def close(self) -> None:
         for shared in (self.target, self.draft):
             if shared is not None:

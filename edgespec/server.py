@@ -52,6 +52,7 @@ from edgespec.tool_calls import CallReader, ToolSet
 from edgespec.web import add_page
 
 if TYPE_CHECKING:
+    from edgespec.backends.llama.states import PromptCache
     from edgespec.parallel import Parallel
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}  # ours -> OpenAI's
@@ -151,18 +152,22 @@ def loading_thread() -> ThreadPoolExecutor:
 
 def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_id: str | None = None,
                default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
-               executor: ThreadPoolExecutor | None = None) -> FastAPI:
+               executor: ThreadPoolExecutor | None = None, prompt_cache: PromptCache | None = None) -> FastAPI:
     """The app serving `engine`: an Engine (one generation at a time) or a Parallel (one a stream). api_key:
     required as 'Authorization: Bearer KEY' when set (not on /health or /metrics). model_id: the name /v1/models
     lists and responses report (default: the target's file name). max_queue: most requests admitted at once,
     those generating included; more get a 429. request_timeout: seconds a request may take from its arrival,
     waiting included (None: no limit). executor: where an Engine's generations run: the loading_thread() it was
-    loaded on (default: a new thread; on the CPU its passes then take longer than on the loading thread)."""
+    loaded on (default: a new thread; on the CPU its passes then take longer than on the loading thread).
+    prompt_cache: where the models save the states of prompts they read (backends/llama/states.py; GGUF models), so a
+    conversation's next turn starts from its state after other requests took its slot."""
     if max_queue < 1:
         raise EdgespecError(f"the queue must hold at least 1 request, got {max_queue}")
     if request_timeout is not None and request_timeout <= 0:
         raise EdgespecError(f"the request timeout must be positive, got {request_timeout}")
     slots = Slots(engine, executor)
+    if prompt_cache is not None and not engine.cache_prompts(prompt_cache):
+        prompt_cache = None  # an ONNX target's cache keeps no saved states
     served = model_id or slots.name
     admission = Admission(max_queue, len(slots.engines))
     metrics = Metrics()
@@ -183,11 +188,13 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
     async def health():
         return {"status": "ok", "model": served, "draft": slots.draft, "busy": admission.in_flight > 0,
                 "slots": admission.slots, "slots_busy": admission.in_flight, "waiting": admission.waiting,
-                "last_finish_reason": last["finish_reason"]}
+                "last_finish_reason": last["finish_reason"],
+                "prompt_cache": prompt_cache.stats() if prompt_cache is not None else None}
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue, admission.slots),
+        return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue, admission.slots,
+                                              prompt_cache.stats() if prompt_cache is not None else None),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
@@ -352,10 +359,10 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
 
 def serve(engine: Engine | Parallel, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
-          executor: ThreadPoolExecutor | None = None) -> None:
+          executor: ThreadPoolExecutor | None = None, prompt_cache: PromptCache | None = None) -> None:
     """Serve `engine` until interrupted; the arguments after port are create_app's."""
     import uvicorn
 
     app = create_app(engine, api_key=api_key, default_max_tokens=default_max_tokens, max_queue=max_queue,
-                     request_timeout=request_timeout, executor=executor)
+                     request_timeout=request_timeout, executor=executor, prompt_cache=prompt_cache)
     uvicorn.run(app, host=host, port=port, log_level="warning")

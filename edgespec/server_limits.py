@@ -107,8 +107,10 @@ class Metrics:
         """Seconds until a full queue likely has room: one mean generation over the slots, at least 1."""
         return max(1, math.ceil(self.generation_s / self.generations / slots)) if self.generations else 1
 
-    def text(self, waiting: int, in_flight: int, max_queue: int, slots: int = 1) -> str:
-        """Prometheus' text exposition format, version 0.0.4."""
+    def text(self, waiting: int, in_flight: int, max_queue: int, slots: int = 1,
+             prompt_cache: dict | None = None) -> str:
+        """Prometheus' text exposition format, version 0.0.4. prompt_cache: PromptCache.stats(), where the server
+        keeps one."""
         rows = [("edgespec_requests_total", "counter", "Responses to /v1 requests, by HTTP status.",
                  [(f'{{status="{status}"}}', n) for status, n in sorted(self.responses.items())]),
                 ("edgespec_generated_tokens_total", "counter", "Tokens generated.", [("", self.generated)]),
@@ -123,6 +125,14 @@ class Metrics:
                 ("edgespec_slots", "gauge", "Generations the server runs at once (--parallel).", [("", slots)]),
                 ("edgespec_queue_limit", "gauge", "Most requests admitted at once, those generating included.",
                  [("", max_queue)])]
+        if prompt_cache is not None:
+            rows += [("edgespec_prompt_cache_bytes", "gauge", "Host memory the saved prompt states take.",
+                      [("", prompt_cache["bytes"])]),
+                     ("edgespec_prompt_cache_restored_total", "counter",
+                      "Prompts that started from a saved state (their conversation's earlier turn).",
+                      [("", prompt_cache["restored"])]),
+                     ("edgespec_prompt_cache_tokens_total", "counter",
+                      "Prompt tokens not read again thanks to a saved state.", [("", prompt_cache["restored_tokens"])])]
         lines = []
         for name, kind, help_text, samples in rows:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]

@@ -80,6 +80,7 @@ def refused(args, work, words):
     (["advise", "-t", "nan"], "nan is not a finite number"),
     (["plan", "--acceptance", "nan"], "nan is not a finite number"),
     (["serve", "--request-timeout", "nan"], "nan is not a finite number"),
+    (["serve", "--prompt-cache", "lots"], "cannot read the prompt cache size"),
 ])
 def test_a_bad_value_is_refused_before_loading(args, words, work):
     refused(args, work, words)

@@ -167,6 +167,37 @@ def test_concurrent_clients_queue_and_all_get_the_right_answer(client, greedy_te
         assert list(pool.map(ask, range(3))) == [greedy_text] * 3
 
 
+NOTES = ("Summarize these notes. The server keeps one model pair loaded and answers requests in order; each "
+         "request may carry its own temperature, top-k, top-p, min-p and seed, and the answer is distributed as "
+         "the target model alone would answer it. A draft proposes tokens, the target checks them in one pass, "
+         "and a rejection step keeps the output exact. The draft length is chosen from costs measured on the "
+         "device. A long conversation reuses the prefix its cache holds, and a prompt read before is restored.")
+
+
+def conversation_turns(client, first_prompt: str, other_prompts: list[str]):
+    """A conversation's first turn, other conversations one after another, then its second turn: (first, second)."""
+    turn = [{"role": "user", "content": first_prompt}]
+    first = client.chat.completions.create(model="any", messages=turn, max_tokens=N, temperature=0)
+    for prompt in other_prompts:
+        client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}], max_tokens=N,
+                                       temperature=0)
+    turn += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "Now in one sentence."}]
+    return first, client.chat.completions.create(model="any", messages=turn, max_tokens=N, temperature=0)
+
+
+def test_a_conversation_starts_from_its_saved_state_after_another_took_the_cache(server, client):
+    """One slot: another conversation overwrote the models' caches between two turns; the first one's state,
+    saved in host memory as it was dropped, is copied back and only the new turn is read."""
+    before = httpx.get(f"{server}/health").json()["prompt_cache"]
+    first, second = conversation_turns(client, NOTES, [NOTES.replace("Summarize", "Translate to French")])
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    after = httpx.get(f"{server}/health").json()["prompt_cache"]
+    assert after["restored"] > before["restored"] and 0 < after["bytes"] <= after["capacity_bytes"]
+    metrics = httpx.get(f"{server}/metrics").text
+    assert f"edgespec_prompt_cache_restored_total {after['restored']}" in metrics
+
+
 def test_response_format_constrains_the_answer_to_the_schema(client):
     schema = {"type": "object", "properties": {"action": {"type": "string", "enum": ["move", "stop"]},
                                                "distance_m": {"type": "number"}},

@@ -11,7 +11,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from test_server import serve  # noqa: E402 (after the skips: the server's extra is optional)
+from test_server import NOTES, conversation_turns, serve  # noqa: E402 (after the skips: the server's extra is optional)
 
 from edgespec.cli import main  # noqa: E402
 
@@ -97,6 +97,16 @@ def test_a_conversations_next_turn_reuses_its_cache_after_other_requests(client)
     second = client.chat.completions.create(model="any", messages=turn, max_tokens=N, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
     assert all(r.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens for r in meanwhile)
+
+
+def test_a_conversation_displaced_from_every_slot_starts_from_its_saved_state(server, client):
+    """New conversations take the slots least recently used, one after another, until none holds the first: its
+    next turn starts from the state saved as its slot was taken (both models'), in whichever slot is free."""
+    before = httpx.get(f"{server}/health").json()["prompt_cache"]
+    others = [NOTES.replace("Summarize", verb) for verb in ("Translate to French", "Shorten", "Criticize")]
+    first, second = conversation_turns(client, NOTES, others)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert httpx.get(f"{server}/health").json()["prompt_cache"]["restored"] > before["restored"]
 
 
 @pytest.mark.parametrize("args, message", [

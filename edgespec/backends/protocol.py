@@ -137,6 +137,17 @@ class Backend:
         """Where `trees`: keep the tree's nodes on `path` in the cache, drop the rest."""
         raise NotImplementedError(f"{self.name} verifies chains only")
 
+    def keep_states(self, cache) -> bool:
+        """Save and restore sequence states in `cache` (a backends.llama.states.PromptCache; None: stop) from now
+        on: recall does something. False where the backend cannot (ONNX)."""
+        return False
+
+    def recall(self, tokens: Sequence[int], common: int) -> int:
+        """Before the cache is made to hold `tokens` (sync), of whose first tokens it holds `common`: a backend that
+        keeps saved states (llama.cpp's, backends/llama/states.py) saves a long part it is about to drop and puts
+        in its place a saved state that holds more of `tokens`. Returns how many of `tokens` the cache holds now."""
+        return common
+
     def close(self) -> None:
         """Release the model and its cache; the backend is unusable afterwards."""
 
@@ -168,12 +179,12 @@ def forward_rows(backend: Backend, tokens: Sequence[int]) -> Iterator[np.ndarray
 
 
 def sync(backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-    """Make the cache hold exactly `tokens`, reusing the longest cached prefix.
+    """Make the cache hold exactly `tokens`, reusing the longest cached prefix (or a saved state's: recall).
 
     All rollback arithmetic lives here. Returns logits for the last n_logits tokens; at least that
     many are re-run even when cached, since a cache keeps no logits.
     """
-    keep = min(common_prefix(backend.tokens, tokens), len(tokens) - n_logits)
+    keep = min(backend.recall(tokens, common_prefix(backend.tokens, tokens)), len(tokens) - n_logits)
     # always truncate: after an interrupted forward the cache may hold more than `tokens` says
     backend.rollback(keep)
     return backend.forward(tokens[keep:], n_logits)

@@ -128,7 +128,11 @@ def chat(load_engine, system, **sampling):
               help="Requests generated at once, each a stream of one llama.cpp context with its own drafts, their "
                    "passes joined into one decode a round (GGUF targets; prompt lookup or a draft model); --ctx is "
                    "each stream's")
-def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout, parallel):
+@click.option("--prompt-cache", default="auto", show_default=True, metavar="SIZE|auto|0",
+              help="Host memory for the saved states of prompts read before (GGUF), e.g. 2GiB: a conversation's "
+                   "next turn starts from its state after other requests took its slot; auto: up to 1 GiB, a "
+                   "quarter of the free memory, within --budget")
+def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout, parallel, prompt_cache):
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
 
     One model pair, loaded once; requests are answered one at a time in order, or --parallel of them at once.
@@ -139,8 +143,13 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     except ImportError as e:
         raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
             from None
+    from edgespec.backends.llama.states import PromptCache, prompt_cache_bytes
+    from edgespec.plan.planner import mib_text
+
     target = load_engine.options["target"]
     onnx = target is not None and is_onnx(target)
+    if prompt_cache != "auto":
+        prompt_cache_bytes(prompt_cache)  # a size it cannot read, refused before loading
     status("loading models and measuring draft costs ...")
     streams = 1 if onnx else parallel
     executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on
@@ -148,10 +157,18 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     how = (f"; {streams} streams at once, their passes joined" if streams > 1 else "; one request at a time"
            + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and parallel > 1 else ""))
     first = engine.engines[0] if streams > 1 else engine
+    try:
+        size = prompt_cache_bytes(prompt_cache, first.plan)
+    except EdgespecError:
+        engine.close()
+        raise
+    cache = PromptCache(size) if size and not onnx else None
+    if cache is not None:
+        how += f"; prompt cache {mib_text(size)}"
     status(f"{describe(first)}{how}\nserving on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
     print_choice(engine.draft_choice)
     try:
         run_server(engine, host=host, port=port, api_key=api_key, default_max_tokens=default_max_tokens,
-                   max_queue=max_queue, request_timeout=request_timeout, executor=executor)
+                   max_queue=max_queue, request_timeout=request_timeout, executor=executor, prompt_cache=cache)
     finally:
         engine.close()

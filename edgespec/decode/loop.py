@@ -170,7 +170,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     t_start = clock()
     if drafter is not None:  # a drafter that follows the target's states starts without one
         drafter.reset()
-    stats.cached_tokens = common_prefix(target.tokens, committed[:-1])
+    stats.cached_tokens = target.recall(committed[:-1], common_prefix(target.tokens, committed[:-1]))
     sync(target, committed[:-1], 0)
     # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
     # it only if a probe comes

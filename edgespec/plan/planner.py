@@ -117,11 +117,11 @@ class Plan:
         return max(self.used - self.capacity, 0)
 
 
-def parse_size(text: str) -> int:
-    """'6GiB', '6 GB', '512MiB', '1.5G', or a number of bytes."""
+def parse_size(text: str, what: str = "budget") -> int:
+    """'6GiB', '6 GB', '512MiB', '1.5G', or a number of bytes; `what` names it in the error."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", str(text).lower())
     if not m:
-        raise EdgespecError(f"cannot read the budget '{text}': write it like 6GiB, 6GB or 512MiB")
+        raise EdgespecError(f"cannot read the {what} '{text}': write it like 6GiB, 6GB or 512MiB")
     number, prefix, binary = m.groups()
     scale = (1024 if binary or not prefix else 1000) ** "_kmgt".index(prefix or "_")
     return int(float(number) * scale)

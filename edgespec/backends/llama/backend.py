@@ -10,14 +10,18 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.backends.llama.lib import KV_TYPES, check_gguf_file, logits_address
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.llama.model import LlamaHandles, LlamaTokenizer, chat_template_of, read_vocab, tokenize_text
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward, common_prefix
 from edgespec.errors import EdgespecError
+
+if TYPE_CHECKING:
+    from edgespec.backends.llama.states import PromptCache
 
 __all__ = ["LlamaBackend", "LlamaTokenizer"]  # the tokenizer alone, importable from here as before
 
@@ -103,6 +107,7 @@ class LlamaBackend(LlamaHandles, Backend):
             overlap = n_gpu_layers > 0 and gpu_name() is not None
         self.overlap = overlap
         self._ahead = False  # a pass prefetch started, whose rows collect has not read
+        self.states: PromptCache | None = None  # saved sequence states a prompt may start from (recall)
 
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         """See Backend.forward. copy=False: where the pass fits one batch, the rows are a read-only view of
@@ -388,6 +393,24 @@ class LlamaBackend(LlamaHandles, Backend):
         rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(ids, len(tokens)))
         if rc != 0:
             raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(tokens)} rows)")
+
+    def keep_states(self, cache: PromptCache | None) -> bool:
+        self.states = cache
+        return True
+
+    def recall(self, tokens: Sequence[int], common: int) -> int:
+        """See Backend.recall: with `states`, sequence 0's long parts are saved before they are dropped, and a
+        prompt starts from the saved state that holds most of it (backends/llama/states.py)."""
+        if self.states is None or not self.states.worth(len(self.tokens), len(tokens), common):
+            return common
+        self._settle()
+        self._drop_branches()
+        cached = self.tokens[:len(self.tokens) - len(self._pending)]  # what the cells hold
+        held = self.states.recall(self, self._ctx, self._mem, 0, cached, tokens, min(common, len(cached)))
+        if held is None:
+            return common
+        self.tokens, self._pending = held, []
+        return common_prefix(held, tokens)
 
     def rollback(self, n_past: int) -> None:
         if n_past < 0 or n_past > len(self.tokens):

@@ -31,13 +31,17 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.lib import lib as _lib
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward, common_prefix
 from edgespec.errors import EdgespecError
+
+if TYPE_CHECKING:
+    from edgespec.backends.llama.states import PromptCache
 
 WAIT_S = 0.002  # how long a pass waits for the other generating streams' before it runs without them
 POLL_S = 0.001  # past WAIT_S, how often a pass looks whether the decode thread is free
@@ -110,6 +114,7 @@ class SharedContext:
             self._cond, self._active = drafts_for._cond, drafts_for._active
             self._prefilling, self._drafting = drafts_for._prefilling, drafts_for._drafting
         self._streams = [StreamBackend(self, i) for i in range(backend.sequences)]
+        self.states: PromptCache | None = None  # saved sequence states a stream's prompt may start from
         self.decodes = 0  # joined passes run (for stats and tests)
         self.rows_decoded = 0
 
@@ -314,6 +319,25 @@ class StreamBackend(Backend):
         if n_past < 0 or n_past > len(self.tokens):
             raise ValueError(f"cannot roll back to {n_past} with {len(self.tokens)} tokens cached")
         self.shared._rollback(self, n_past)
+
+    def keep_states(self, cache: PromptCache | None) -> bool:
+        """The context's: every stream of it (and of the draft model's context, its own) saves into `cache`."""
+        self.shared.states = cache
+        return True
+
+    def recall(self, tokens: Sequence[int], common: int) -> int:
+        """See Backend.recall: with the context's `states`, a state saved from any of its streams may be copied in
+        (backends/llama/states.py), holding the lock that every decode of the context holds."""
+        shared = self.shared
+        if shared.states is None or not shared.states.worth(len(self.tokens), len(tokens), common):
+            return common
+        with shared._cond:
+            held = shared.states.recall(shared, shared.backend._ctx, shared.backend._mem, self.seq, self.tokens,
+                                        tokens, common)
+        if held is None:
+            return common
+        self.tokens[:] = held
+        return common_prefix(held, tokens)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         return self.shared.backend.tokenize(text, special=special)
