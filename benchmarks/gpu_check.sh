@@ -12,7 +12,8 @@
 # streams on one context, experiments/streams_throughput.py; 4 streams drafting fixed lengths, experiments/
 # streams_draft.py: what joined draft steps cost there), SERVE=1 (off by default: it builds llama-server too)
 # issue 45's criterion, edgespec serve --parallel N against llama-server -np N at 1 and 4 clients
-# (benchmarks/serve_load.py: plain and prompt lookup, the random target). Steps that would run past DEADLINE
+# (benchmarks/serve_load.py: plain and prompt lookup, the random target), and conversations of 3 turns from 8 clients
+# on 4 slots with and without the prompt cache. Steps that would run past DEADLINE
 # seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
 # process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
 # prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
@@ -129,6 +130,11 @@ if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every
     env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 benchmarks/serve_load.py --target "$model" \
     --clients 1 4 --per-client 4 --max-tokens 64 --threads 8 --ctx 1024 --gpu-layers 99 --llama-bin "$BIN" \
     --systems llama llama+ngram edgespec edgespec+ngram --json "$OUT/serve-load.json"
+  step 200 "$OUT/serve-turns.txt" "conversations of 3 turns, 8 clients on 4 slots (prompt cache)" \
+    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 benchmarks/serve_load.py --target "$model" \
+    --clients 8 --slots 4 --per-client 3 --turns 3 --max-tokens 64 --threads 8 --ctx 1536 --gpu-layers 99 \
+    --prompts benchmarks/prompts/long-notes.jsonl --llama-bin "$BIN" --systems llama edgespec edgespec-cache \
+    --json "$OUT/serve-turns.json"
 fi
 rm -f "$model" "$draft"
 if [ "${LOOP:-1}" = 1 ]; then

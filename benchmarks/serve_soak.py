@@ -2,12 +2,14 @@
 
 N client threads send chat requests in turn for --minutes: whole answers and streams, greedy and sampled, and every
 fifth stream dropped after a few events (a client that goes away). The server's resident memory (RSS, from
-/proc) is read every 10 s; at the end the server gets SIGTERM and must exit 0 within 30 s. Printed: requests,
+/proc) is read every 10 s (it grows by the prompt cache's states up to --prompt-cache bytes, then stays); at the
+end the server gets SIGTERM and must exit 0 within 30 s. Printed: requests,
 errors (any status but 200, or a stream that ended in an error event), tokens, RSS at the first minute and at the
 end, and the shutdown; --json writes the RSS series.
 
 usage: python benchmarks/serve_soak.py --target T.gguf [--draft ngram|D.gguf] [--parallel 8] [--clients 8]
-       [--minutes 10] [--max-tokens 64] [--threads 2] [--ctx 1024] [--json FILE]
+       [--minutes 10] [--max-tokens 64] [--threads 2] [--ctx 1024] [--prompt-cache auto] [--prompts FILE]
+       [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,16 +46,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--prompt-cache", default="auto", help="the server's --prompt-cache (its bytes bound the RSS)")
+    ap.add_argument("--prompts", help="JSONL with a 'prompt' field [default: edgespec's built-in set]")
     ap.add_argument("--json")
     args = ap.parse_args()
 
     from edgespec.bench import read_prompts
 
-    prompts = [row["prompt"] for row in read_prompts(None)]
+    prompts = [row["prompt"] for row in read_prompts(args.prompts)]
     port = free_port()
     command = [str(Path(sys.executable).with_name("edgespec")), "serve", "-m", args.target, "--draft", args.draft,
                "--parallel", str(args.parallel), "--port", str(port), "--threads", str(args.threads), "--ctx",
-               str(args.ctx), "--max-queue", str(4 * args.clients), "--cpu"]
+               str(args.ctx), "--max-queue", str(4 * args.clients), "--prompt-cache", args.prompt_cache, "--cpu"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
