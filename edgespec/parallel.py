@@ -79,14 +79,17 @@ class Parallel:
         if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
             raise EdgespecError(f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and "
                                 "prompt lookup in front of a draft run one stream at a time")
-        # target-only streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads
-        # its own stream's cells, not all of them (a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
-        # prefill beside three such streams 18 %). Drafting streams share one pool: a pool each makes llama.cpp
-        # compute a decode whose streams bring unequal rows as one pass per length, where the controllers price
-        # the rows a draft adds to one pass (docs/results/2026-11-27-long-prompts.md)
-        unified = spec.kind != "none"
-        cells = n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # each pool rounded up as llama.cpp does
+        # streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads its own
+        # stream's cells, not all of them (on the CPU a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
+        # prefill beside three such streams 18 %: docs/results/2026-11-27-long-prompts.md). But llama.cpp then
+        # computes the rows a stream's draft adds beyond the others' one token as a pass of their own, which a
+        # GPU pays as a whole pass where the same rows in one pool cost little; and a draft model's streams step
+        # their draft model together. So on a GPU, and with a draft model, drafting streams share one pool
         layers = placement.parse_gpu_layers(gpu_layers)
+        on_gpu = gpu_name() is not None and layers != 0
+        unified = spec.kind == "model" or (spec.kind == "lookup" and on_gpu)
+        self._own_pass = spec.kind == "lookup" and not unified  # a draft's rows: a pass of their own (_batch_costs)
+        cells = n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # each pool rounded up as llama.cpp does
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
         draft_settings = dict(settings)
         self.plan = None
@@ -195,8 +198,13 @@ class Parallel:
         share of the joined pass of `active` rows, and the rows its drafts add to it. With C(r) a pass of r rows,
         c(n) = C(active) / active + C(active - 1 + n) - C(active). Choosing by these, a stream drafts exactly
         where its expected extra tokens beat the batch's tokens per second for the time its rows add (a verify
-        of 4 streams x 5 tokens is not 4 verifies of 5); alone (active 1) they are the measured costs."""
+        of 4 streams x 5 tokens is not 4 verifies of 5); alone (active 1) they are the measured costs. Where each
+        stream has a pool of cells and others generate, llama.cpp computes the rows a draft adds as a pass of its
+        own (passes of several drafting streams join only where their sequences are consecutive): c(n) =
+        C(active) / active + C(n - 1), so a stream drafts where its draft pays even alone."""
         c = self._rows_cost
+        if self._own_pass and active > 1:
+            return {n: c[active] / active + (c[n - 1] if n > 1 else 0.0) for n in range(1, self._k_max + 2)}
         return {n: c[active] / active + c[active - 1 + n] - c[active] for n in range(1, self._k_max + 2)}
 
     def generate(self, requests: Sequence[str | dict], **common) -> list[Result]:

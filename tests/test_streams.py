@@ -122,20 +122,25 @@ def test_a_long_prompt_is_read_in_batches_between_the_decoding_streams_passes(re
     shared.close()
 
 
-def test_each_streams_controller_prices_its_passes_among_the_generating_streams(reference_pair):
+@pytest.mark.parametrize("own_pass", [True, False])
+def test_each_streams_controller_prices_its_passes_among_the_generating_streams(reference_pair, own_pass):
     """Alone a stream's costs are the passes measured; among s streams a verify of n tokens costs it its share of
-    the joined pass of s rows plus the rows its drafts add; and costs follow streams starting and ending."""
+    the joined pass of s rows plus the rows its drafts add (in one pool of cells), or plus a pass of those rows
+    (a pool per stream: llama.cpp computes them apart); and costs follow streams starting and ending."""
     from edgespec.parallel import _rows_costs
 
     assert _rows_costs({1: 1.0, 2: 0.9, 3: 2.0}, 5) == {1: 1.0, 2: 1.0, 3: 2.0, 4: 3.1, 5: 4.2}
     target, _ = reference_pair
     with Parallel(target, "ngram", streams=3, n_ctx=256, threads=1) as p:
+        assert p._own_pass == (not p.target.backend.unified)  # a pool per stream on the CPU, one on a GPU
+        p._own_pass = own_pass
         c = p._rows_cost
         controllers = [engine.controller for engine in p.engines]
         assert all(not k.learn_costs and k.target_costs == {n: c[n] for n in range(1, 10)} for k in controllers)
         p.begin(0)
         p.begin(2)
-        expected = {n: c[2] / 2 + c[1 + n] - c[2] for n in range(1, 10)}
+        expected = {n: c[2] / 2 + (c[n - 1] if n > 1 else 0.0) if own_pass else c[2] / 2 + c[1 + n] - c[2]
+                    for n in range(1, 10)}
         assert all(k.target_costs == pytest.approx(expected) for k in controllers)
         p.end(2)
         p.end(0)
@@ -248,13 +253,34 @@ def test_streams_with_a_pool_each_fill_the_gaps_between_them_and_take_the_filler
     assert lib().llama_memory_seq_pos_max(shared.backend._mem, 1) == len(texts[1]) - 1
     assert idle.tokens == texts[1] and np.array_equal(idle.forward([5], 1)[-1], before)
     assert rows[0].shape == rows[2].shape == (1, shared.backend.vocab.n_vocab)
+    idle.rollback(len(texts[1]))
+
+    def verify(s, tokens):  # stream 0 verifies a draft of two beside stream 2's one token
+        rows[s] = shared.stream(s).forward(tokens, len(tokens))
+        shared.end(s)
+
+    shared.begin(0)
+    shared.begin(2)
+    threads = [threading.Thread(target=verify, args=(0, [9, 10, 11])), threading.Thread(target=verify, args=(2, [9]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert log[-1] == [(0, True)] * 3 + [(1, False), (2, True)]  # the gap filled as the shortest pass: a token
+    assert idle.tokens == texts[1] and np.array_equal(idle.forward([5], 1)[-1], before)
+    assert rows[0].shape == (3, shared.backend.vocab.n_vocab)
     shared.close()
 
 
-@pytest.mark.parametrize(("draft", "cells"), [("none", 2 * 512), ("ngram", 768)])
-def test_the_plan_counts_the_cells_a_pool_per_stream_takes(default_gguf, draft, cells):
-    """Target-only streams' pools of cells are each rounded up to a multiple of 256 by llama.cpp: the memory plan
-    counts those (2 x 512 for 2 x 300); drafting streams share one pool, N x ctx rounded up once (768)."""
-    with Parallel(default_gguf, draft, streams=2, n_ctx=300, threads=1, budget="4GiB") as p:
-        assert p.plan.target.n_ctx == cells
-        assert p.target.backend.unified == (draft != "none")
+@pytest.mark.parametrize("draft", ["none", "ngram", "model"])
+def test_the_plan_counts_the_cells_a_pool_per_stream_takes(default_gguf, reference_pair, draft):
+    """Streams' pools of cells are each rounded up to a multiple of 256 by llama.cpp: the memory plan counts those
+    (2 x 512 for 2 x 300); streams that share one pool (a draft model's; prompt lookup's on a GPU) take N x ctx
+    rounded up once (768)."""
+    from edgespec.plan.placement import gpu_name
+
+    unified = draft == "model" or (draft == "ngram" and gpu_name() is not None)
+    with Parallel(default_gguf, reference_pair[1] if draft == "model" else draft, streams=2, n_ctx=300, threads=1,
+                  budget="4GiB") as p:
+        assert p.target.backend.unified == unified
+        assert p.plan.target.n_ctx == (768 if unified else 2 * 512)

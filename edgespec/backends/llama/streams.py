@@ -242,13 +242,13 @@ class SharedContext:
         the error, handed to each pass, and the streams' tokens extended."""
         backend = self.backend
         passes = sorted(passes, key=lambda p: p.seq)  # llama.cpp's order where each sequence has a pool of cells
-        gaps = [] if backend.unified else self._gaps(passes)
+        gaps, filler = ([], 0) if backend.unified else self._gaps(passes)
         items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
         n_out = 0
         for seq, p in sorted([(p.seq, p) for p in passes] + [(seq, None) for seq in gaps], key=lambda e: e[0]):
             start = len(self._streams[seq].tokens)
             if p is None:  # a filler after the idle stream's cached tokens, its cells taken out after the decode
-                items.extend((passes[0].tokens[0], start + j, seq, False) for j in range(len(passes[0].tokens)))
+                items.extend((passes[0].tokens[0], start + j, seq, False) for j in range(filler))
                 continue
             first_out = len(p.tokens) - p.n_logits
             items.extend((tok, start + j, seq, j >= first_out) for j, tok in enumerate(p.tokens))
@@ -275,22 +275,20 @@ class SharedContext:
             p.rows = rows[first:first + p.n_logits] if n_out else np.empty((0, backend.vocab.n_vocab), dtype=np.float32)
             self._streams[p.seq].tokens.extend(p.tokens)
 
-    def _gaps(self, passes: list[_Pass]) -> list[int]:
-        """The idle sequences a decode of `passes` (in sequence order) fills. Where each sequence has a pool of
-        cells, llama.cpp computes a decode's rows as one pass only if its sequences are consecutive and each brings
-        as many tokens (llama_batch_allocr::split_equal); else one pass per such run, each reading the weights
-        again. Passes of one length (streams decoding a token each) with idle sequences between them: each gap
-        gets as many filler tokens after its cached ones (no logits), a row each where a split would cost a pass.
-        Passes of several lengths (a short prompt beside the others' tokens), or a gap without room in its cells,
-        are left to llama.cpp's split."""
-        length = len(passes[0].tokens)
-        if any(len(p.tokens) != length for p in passes):
-            return []
+    def _gaps(self, passes: list[_Pass]) -> tuple[list[int], int]:
+        """The idle sequences a decode of `passes` (in sequence order) fills, and the filler tokens each gets.
+        Where each sequence has a pool of cells, llama.cpp computes a decode in passes (llama_batch_allocr::
+        split_equal): the first takes as many tokens from each of a run of consecutive sequences as the one with
+        fewest brings, the next the same of what is left, and so on; each pass reads the weights again. So each
+        gap between the streams gets as many filler tokens after its cached ones (no logits) as the shortest pass
+        brings (a token, where streams decode a token each or a draft is verified beside them): a row each where a
+        split would cost a pass. A gap without room in its cells is left to llama.cpp's split."""
+        length = min(len(p.tokens) for p in passes)
         asked = {p.seq for p in passes}
         gaps = [seq for seq in range(passes[0].seq + 1, passes[-1].seq) if seq not in asked]
         if any(len(self._streams[seq].tokens) + length > self._streams[seq].n_ctx for seq in gaps):
-            return []
-        return gaps
+            return [], 0
+        return gaps, length
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
         with self._cond:
