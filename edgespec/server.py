@@ -35,6 +35,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from edgespec.api import Engine
+from edgespec.backends.llama.states import GAIN_TOKENS, PromptCache
 from edgespec.backends.protocol import common_prefix
 from edgespec.decode.loop import Stats
 from edgespec.errors import EdgespecError
@@ -52,7 +53,6 @@ from edgespec.tool_calls import CallReader, ToolSet
 from edgespec.web import add_page
 
 if TYPE_CHECKING:
-    from edgespec.backends.llama.states import PromptCache
     from edgespec.parallel import Parallel
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}  # ours -> OpenAI's
@@ -122,21 +122,25 @@ class Slots:
         self.end = engine.end if parallel else (lambda slot: None)
         self.executor = executor or ThreadPoolExecutor(len(self.engines), thread_name_prefix="edgespec-slot")
         self._used = [0] * len(self.engines)  # when each slot last took a request (a count)
+        self.saving = False  # whether the slots save a conversation's state before another overwrites it
 
     def pick(self, prompt, chat: bool, **tools):
         """A function choosing a request's slot among the free ones: the one whose cache holds the prompt's
         conversation so far, where one does (at least half its cached tokens lead the prompt: its next turn),
-        else the one used longest ago (the conversation least likely to come back). tools: the request's, which
-        the template lists before the conversation (Engine.prompt_tokens)."""
+        else the one used longest ago (the conversation least likely to come back). Where the slots save what they
+        drop (`saving`: a prompt cache), the one whose cache holds most of the prompt also where that is a few
+        tokens more than the other: its conversation's state is saved before the request overwrites it. tools:
+        the request's, which the template lists before the conversation (Engine.prompt_tokens)."""
         tokens = self.engines[0].prompt_tokens(prompt, chat=chat, **tools) if len(self.engines) > 1 else []
 
         def choose(free: list[int]) -> int:
             def reuse(slot: int) -> int:
                 return common_prefix(self.engines[slot].target.tokens, tokens)
 
-            best = max(free, key=reuse)
+            best, oldest = max(free, key=reuse), min(free, key=self._used.__getitem__)
             cached = len(self.engines[best].target.tokens)
-            slot = best if cached and reuse(best) * 2 >= cached else min(free, key=self._used.__getitem__)
+            nearer = self.saving and reuse(best) - reuse(oldest) >= GAIN_TOKENS
+            slot = best if cached and (reuse(best) * 2 >= cached or nearer) else oldest
             self._used[slot] = max(self._used) + 1
             return slot
 
@@ -168,6 +172,7 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
     slots = Slots(engine, executor)
     if prompt_cache is not None and not engine.cache_prompts(prompt_cache):
         prompt_cache = None  # an ONNX target's cache keeps no saved states
+    slots.saving = prompt_cache is not None and prompt_cache.capacity > 0
     served = model_id or slots.name
     admission = Admission(max_queue, len(slots.engines))
     metrics = Metrics()

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from edgespec.backends.llama.backend import LlamaBackend
-from edgespec.backends.llama.states import DEFAULT_BYTES, MIN_TOKENS, PromptCache, prompt_cache_bytes
+from edgespec.backends.llama.states import (
+    COPY_SHARE,
+    DEFAULT_BYTES,
+    GAIN_TOKENS,
+    PROMPT_TOKENS,
+    PromptCache,
+    prompt_cache_bytes,
+)
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS, sync
 from edgespec.errors import EdgespecError
@@ -70,10 +77,10 @@ def test_the_cache_keeps_to_its_bytes_and_drops_what_a_longer_state_holds(single
         sync(single, b, 0)
         size = cache.used  # one state of 150 tokens
         assert cache.saved == 1 and size > 0
-        sync(single, a + c[:MIN_TOKENS], 0)  # a restored, its state extended
-        assert cache.restored == 1 and single.tokens == a + c[:MIN_TOKENS]
+        sync(single, a + c[:PROMPT_TOKENS], 0)  # a restored, its state extended
+        assert cache.restored == 1 and single.tokens == a + c[:PROMPT_TOKENS]
         sync(single, b, 0)  # the extended a saved: the shorter one it leads dropped; b restored
-        assert sorted((s.tokens.tolist() for s in cache._states), key=len) == [b, a + c[:MIN_TOKENS]]
+        assert sorted((s.tokens.tolist() for s in cache._states), key=len) == [b, a + c[:PROMPT_TOKENS]]
         assert cache.restored == 2
 
         small = PromptCache(size * 3 // 2)  # room for one state of 150 tokens
@@ -86,14 +93,24 @@ def test_the_cache_keeps_to_its_bytes_and_drops_what_a_longer_state_holds(single
         single.keep_states(None)
 
 
-def test_short_parts_are_read_again_not_saved(single, texts):
+def test_short_exchanges_are_not_saved_and_short_gains_not_restored(single, texts):
+    a, b, c, _ = texts
     single.rollback(0)
     cache = PromptCache(1 << 28)
     single.keep_states(cache)
     try:
-        sync(single, texts[0][:MIN_TOKENS - 1], 0)
-        sync(single, texts[1][:MIN_TOKENS - 1], 0)
+        sync(single, a[:PROMPT_TOKENS - 1], 0)
+        sync(single, b[:PROMPT_TOKENS - 1], 0)
         assert cache.saved == 0 and len(cache) == 0
+        sync(single, a, 0)
+        sync(single, b, 0)  # a saved
+        few = max(GAIN_TOKENS, -(-len(a) // COPY_SHARE))  # the fewest tokens a's state is copied in to spare
+        sync(single, a[:few - 1], 0)  # b saved; a read: its state would spare too few tokens for its copy
+        assert cache.saved == 2 and cache.restored == 0
+        sync(single, c, 0)
+        sync(single, a[:few] + c[:5], 0)  # a's state copied in, then rolled back
+        assert cache.restored == 1 and cache.restored_tokens == few
+        assert single.tokens == a[:few] + c[:5]
     finally:
         single.keep_states(None)
 
@@ -130,3 +147,25 @@ def test_the_cache_size_is_what_was_asked_within_the_budget():
     assert prompt_cache_bytes("200MiB", vram) == 200 << 20
     with pytest.raises(EdgespecError, match="cannot read the prompt cache size"):
         prompt_cache_bytes("lots")
+
+
+@pytest.mark.parametrize("saving, slot", [(False, 1), (True, 0)])
+def test_a_request_takes_the_slot_holding_most_of_its_prompt_where_what_it_drops_is_saved(saving, slot):
+    """Slot 0 holds 20 of the prompt's tokens in 100 (not its next turn), slot 1, used longer ago, 10: without a
+    prompt cache the request takes slot 1 (slot 0's conversation may come back); with one, slot 0, whose
+    conversation is saved before it is overwritten."""
+    pytest.importorskip("fastapi")
+    from edgespec.server import Slots
+
+    class Stream:
+        def __init__(self, tokens):
+            self.target = SimpleNamespace(tokens=tokens)
+
+        def prompt_tokens(self, prompt, chat, **tools):
+            return prompt
+
+    streams = SimpleNamespace(engines=[Stream(list(range(100))), Stream(list(range(10)) + [7] * 50)], name="t",
+                              draft_name="none", begin=lambda slot: None, end=lambda slot: None)
+    slots = Slots(streams)
+    slots._used, slots.saving = [2, 1], saving
+    assert slots.pick(list(range(20)) + [999], chat=False)([0, 1]) == slot

@@ -2,12 +2,13 @@
 
 A server's slots hold the conversations they last answered; a new conversation takes a slot and its cache is
 overwritten, so the old conversation's next turn would read its whole prefix again (at 4 slots and 8 clients,
-every turn). Before a backend drops a long part of a sequence's cache, `PromptCache` saves the sequence's state
-(llama_state_seq_get_data: its cells' positions and K/V rows, 23 KB a token for SmolLM2-135M in f16) under the
+every turn). Before a backend drops PROMPT_TOKENS or more of a sequence's cache, `PromptCache` saves the sequence's
+state (llama_state_seq_get_data: its cells' positions and K/V rows, 23 KB a token for SmolLM2-135M in f16) under the
 tokens it holds; when a prompt arrives, the saved state that shares the longest prefix with it is copied into the
-sequence (llama_state_seq_set_data, into any sequence of the same context) where it holds at least MIN_TOKENS more
-of the prompt than the cache does, and only the rest is read. A 730-token prompt: read in 0.94 s on 2 cores, its
-16 MB state saved in 7 ms and restored in 1 ms. This is llama-server's host-memory prompt cache (`--cache-ram`).
+sequence (llama_state_seq_set_data, into any sequence of the same context) where it spares reading enough of the
+prompt to pay for the copy (GAIN_TOKENS, COPY_SHARE), and only the rest is read. A 730-token prompt: read in 0.94 s
+on 2 cores, its 16 MB state saved in 7 ms and restored in 1 ms. This is llama-server's host-memory prompt cache
+(`--cache-ram`).
 
 States are kept within `capacity` bytes, the least recently used dropped first; a state whose tokens lead another
 one's is dropped for the longer. A target's and its draft model's states share one cache, each restored only into
@@ -24,12 +25,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backends.llama.lib import lib as _lib
-from edgespec.backends.protocol import common_prefix
+from edgespec.backends.protocol import MAX_OUTPUTS, common_prefix
 from edgespec.errors import EdgespecError
 
-# a part shorter than this is read again rather than saved or restored: below it a prompt is a pass or two, and
-# states of a few tokens would crowd out the long ones the cache is for
-MIN_TOKENS = 64
+# a sync that drops or lacks fewer tokens than this is a decoding round's (a pass carries at most MAX_OUTPUTS rows),
+# not a new prompt's: it saves nothing and looks for nothing
+PROMPT_TOKENS = 2 * MAX_OUTPUTS
+# a saved state is copied in where it spares reading GAIN_TOKENS or more and a COPY_SHARE-th of its own tokens:
+# copying a state costs about a thousandth of reading its tokens on a CPU (measured: 141 tokens, 0.2 ms against
+# 0.2 s), and by estimate a 20th on a GPU (a 7B model's 2,000-token state, 115 MB over PCIe, against its prefill)
+GAIN_TOKENS = 4
+COPY_SHARE = 32
 DEFAULT_BYTES = 1 << 30  # "auto": at most this much, and no more than a quarter of the memory available
 
 
@@ -48,7 +54,7 @@ class PromptCache:
             raise EdgespecError(f"the prompt cache cannot hold {capacity} bytes")
         self.capacity = capacity
         self._states: list[_State] = []  # least recently used first
-        self._lock = threading.Lock()  # streams of one context call under its lock; a draft's context has its own
+        self._lock = threading.Lock()  # a target's and a draft's contexts save into one cache; stats() reads it
         self.saved = self.restored = self.failed = 0
         self.restored_tokens = 0  # prompt tokens not read again
 
@@ -60,32 +66,36 @@ class PromptCache:
         return len(self._states)
 
     def stats(self) -> dict:
-        return {"capacity_bytes": self.capacity, "bytes": self.used, "states": len(self), "saved": self.saved,
-                "restored": self.restored, "restored_tokens": self.restored_tokens, "failed": self.failed}
+        """What /health and /metrics report (read from the server's event loop while streams save and restore)."""
+        with self._lock:
+            return {"capacity_bytes": self.capacity, "bytes": self.used, "states": len(self), "saved": self.saved,
+                    "restored": self.restored, "restored_tokens": self.restored_tokens, "failed": self.failed}
 
     def worth(self, cached: int, wanted: int, common: int) -> bool:
         """Whether a sequence holding `cached` tokens, asked for `wanted` of which it holds the first `common`,
-        drops or lacks enough for the cache to matter (the check on every sync: most drop a rejected draft)."""
-        return self.capacity > 0 and max(cached, wanted) - common >= MIN_TOKENS
+        drops or lacks enough for the cache to matter (the check on every sync: most drop a rejected draft or add
+        the tokens a round accepted)."""
+        return self.capacity > 0 and max(cached, wanted) - common >= PROMPT_TOKENS
 
     def recall(self, owner, ctx, mem, seq: int, cached: Sequence[int], tokens: Sequence[int],
                common: int) -> list[int] | None:
         """Sequence `seq` of llama.cpp context `ctx` (its memory `mem`) holds `cached`, of which `tokens` starts with
-        the first `common`: save its state if it is about to drop MIN_TOKENS or more, and copy in the saved state
-        that holds MIN_TOKENS or more of `tokens` beyond `common`, if one does. Returns what the sequence holds
-        then (all of the saved state's tokens, more than `tokens` asks for where it went on), or None where
-        it is unchanged; [] where a state could not be copied in (llama.cpp found no room: the caller reads the
-        prompt, as without a cache)."""
+        the first `common`: save its state if it is about to drop PROMPT_TOKENS or more, and copy in the saved state
+        that holds the most of `tokens`, where copying it pays (GAIN_TOKENS, COPY_SHARE). Returns what the
+        sequence holds then (all of the saved state's tokens, more than `tokens` asks for where it went on), or
+        None where it is unchanged; [] where a state could not be copied in (llama.cpp found no room: the caller
+        reads the prompt, as without a cache)."""
         with self._lock:
-            if len(cached) - common >= MIN_TOKENS:
+            if len(cached) - common >= PROMPT_TOKENS:
                 self._save(owner, ctx, seq, cached)
-            best, most = None, common + MIN_TOKENS - 1
+            best, most = None, common
             for state in self._states:
                 if state.owner is owner and len(state.tokens) > most:
                     n = common_prefix(state.tokens, tokens)
                     if n > most:
                         best, most = state, n
-            if best is None:
+            gain = most - common
+            if best is None or gain < GAIN_TOKENS or gain * COPY_SHARE < len(best.tokens):
                 return None
             lib = _lib()
             lib.llama_memory_seq_rm(mem, seq, -1, -1)

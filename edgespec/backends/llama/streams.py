@@ -329,12 +329,12 @@ class StreamBackend(Backend):
         shared = self.shared
         if shared.states is None or not shared.states.worth(len(self.tokens), len(tokens), common):
             return common
-        with shared._cond:
+        with shared._cond:  # the tokens change with the cells: the others' decodes fill gaps after them
             held = shared.states.recall(shared, shared.backend._ctx, shared.backend._mem, self.seq, self.tokens,
                                         tokens, common)
-        if held is None:
-            return common
-        self.tokens[:] = held
+            if held is None:
+                return common
+            self.tokens[:] = held
         return common_prefix(held, tokens)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
