@@ -107,7 +107,7 @@ class PromptCache:
             self._states.remove(best)
             self._states.append(best)
             self.restored += 1
-            self.restored_tokens += most - common
+            self.restored_tokens += gain
             return best.tokens.tolist()
 
     def _save(self, owner, ctx, seq: int, cached: Sequence[int]) -> None:
