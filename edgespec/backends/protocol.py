@@ -178,13 +178,17 @@ def forward_rows(backend: Backend, tokens: Sequence[int]) -> Iterator[np.ndarray
         yield backend.forward(chunk, len(chunk))
 
 
-def sync(backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-    """Make the cache hold exactly `tokens`, reusing the longest cached prefix (or a saved state's: recall).
-
-    All rollback arithmetic lives here. Returns logits for the last n_logits tokens; at least that
-    many are re-run even when cached, since a cache keeps no logits.
-    """
+def reuse(backend: Backend, tokens: Sequence[int], n_logits: int = 0) -> int:
+    """Make the cache hold the longest prefix of `tokens` it has (cached, or a saved state's: recall), short of
+    the last n_logits tokens; returns that prefix's length. All rollback arithmetic lives here."""
     keep = min(backend.recall(tokens, common_prefix(backend.tokens, tokens)), len(tokens) - n_logits)
     # always truncate: after an interrupted forward the cache may hold more than `tokens` says
     backend.rollback(keep)
+    return keep
+
+
+def sync(backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    """Make the cache hold exactly `tokens`, reusing the longest prefix it has (reuse). Returns logits for the last
+    n_logits tokens; at least that many are re-run even when cached, since a cache keeps no logits."""
+    keep = reuse(backend, tokens, n_logits)
     return backend.forward(tokens[keep:], n_logits)

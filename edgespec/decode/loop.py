@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend, common_prefix, sync
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend, reuse
 from edgespec.decode import rule
 from edgespec.decode.constraint import Constraint
 from edgespec.decode.cost import DraftController
@@ -170,8 +170,8 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     t_start = clock()
     if drafter is not None:  # a drafter that follows the target's states starts without one
         drafter.reset()
-    stats.cached_tokens = target.recall(committed[:-1], common_prefix(target.tokens, committed[:-1]))
-    sync(target, committed[:-1], 0)
+    stats.cached_tokens = reuse(target, committed[:-1])  # an earlier turn's prefix, or a saved state's
+    target.forward(committed[stats.cached_tokens:-1], 0)
     # a draft model reads the prompt too, as prefill work, where it will draft: one the controller declines reads
     # it only if a probe comes
     if drafter is not None and draft_max != 0 and (draft_max is not None or controller.begin(len(committed))):
