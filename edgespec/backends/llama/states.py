@@ -6,9 +6,9 @@ every turn). Before a backend drops PROMPT_TOKENS or more of a sequence's cache,
 state (llama_state_seq_get_data: its cells' positions and K/V rows, 23 KB a token for SmolLM2-135M in f16) under the
 tokens it holds; when a prompt arrives, the saved state that shares the longest prefix with it is copied into the
 sequence (llama_state_seq_set_data, into any sequence of the same context) where it spares reading enough of the
-prompt to pay for the copy (GAIN_TOKENS, COPY_SHARE), and only the rest is read. A 730-token prompt: read in 0.94 s
-on 2 cores, its 16 MB state saved in 7 ms and restored in 1 ms. This is llama-server's host-memory prompt cache
-(`--cache-ram`).
+prompt to pay for the copy (GAIN_TOKENS, COPY_SHARE), and only the rest is read. A 730-token prompt on 2 cores:
+read in 0.96 s, its 17 MB state saved in 2 ms and copied in in 1.1 ms (experiments/prompt_cache_copy.py). This is
+llama-server's host-memory prompt cache (`--cache-ram`).
 
 States are kept within `capacity` bytes, the least recently used dropped first; a state whose tokens lead another
 one's is dropped for the longer. A target's and its draft model's states share one cache, each restored only into
@@ -32,8 +32,9 @@ from edgespec.errors import EdgespecError
 # not a new prompt's: it saves nothing and looks for nothing
 PROMPT_TOKENS = 2 * MAX_OUTPUTS
 # a saved state is copied in where it spares reading GAIN_TOKENS or more and a COPY_SHARE-th of its own tokens:
-# copying a state costs about a thousandth of reading its tokens on a CPU (measured: 141 tokens, 0.2 ms against
-# 0.2 s), and by estimate a 20th on a GPU (a 7B model's 2,000-token state, 115 MB over PCIe, against its prefill)
+# copying a state costs 1/570 to 1/1000 of reading its tokens on a CPU (141 to 1,500 tokens: 0.3 ms against
+# 0.18 s, 2.3 ms against 2.3 s; experiments/prompt_cache_copy.py), and by estimate, not measured, a 20th on a GPU
+# (a 7B model's 2,000-token state, 115 MB over PCIe, against its prefill)
 GAIN_TOKENS = 4
 COPY_SHARE = 32
 DEFAULT_BYTES = 1 << 30  # "auto": at most this much, and no more than a quarter of the memory available
