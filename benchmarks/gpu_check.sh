@@ -7,8 +7,8 @@
 # generate; then, on the last target, where models load without being told (GPU by default), the pass costs the
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
-# generate, LOOP=0 the rows-only loop benchmark, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's
-# time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
+# generate, LOOP=0 the rows-only loop benchmark, BENCH=0 edgespec bench with each draft, TRACE=0 the controller's
+# trace, DECODE=0 the breakdown of a token's time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
 # streams on one context, experiments/streams_throughput.py; 4 streams drafting fixed lengths, experiments/
 # streams_draft.py: what joined draft steps cost there), SERVE=1 (off by default: it builds llama-server too)
 # issue 45's criterion, edgespec serve --parallel N against llama-server -np N at 1 and 4 clients
@@ -105,7 +105,7 @@ printf '%s\n' '{"cat": "story", "prompt": "Write a short story about a lighthous
   '{"cat": "facts", "prompt": "Explain how vaccines train the immune system."}' \
   '{"cat": "rewrite", "prompt": "Rewrite this more formally: hey, the meeting moved to 3pm, see you there."}' \
   >/tmp/gpu-prompts.jsonl
-for d in ngram "$draft"; do
+for d in $([ "${BENCH:-1}" = 1 ] && echo ngram "$draft"); do
   name=$([ "$d" = ngram ] && echo ngram || echo model)
   step 120 "$OUT/bench-$name.json" "edgespec bench, draft $name left to the controller (random weights: acceptance near 0)" \
     python3 /tmp/edgespec-cli.py bench -m "$model" --draft "$d" --prompts /tmp/gpu-prompts.jsonl -n 96 --json
@@ -127,11 +127,11 @@ if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every
   mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
     >/tmp/llama-first-site/sitecustomize.py
   step 300 "$OUT/serve-load.txt" "edgespec serve --parallel N against llama-server -np N, 1 and 4 clients" \
-    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 benchmarks/serve_load.py --target "$model" \
+    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 -u benchmarks/serve_load.py --target "$model" \
     --clients 1 4 --per-client 4 --max-tokens 64 --threads 8 --ctx 1024 --gpu-layers 99 --llama-bin "$BIN" \
     --systems llama llama+ngram edgespec edgespec+ngram --json "$OUT/serve-load.json"
   step 200 "$OUT/serve-turns.txt" "conversations of 3 turns, 8 clients on 4 slots (prompt cache)" \
-    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 benchmarks/serve_load.py --target "$model" \
+    env PYTHONPATH="/tmp/llama-first-site:$PYTHONPATH" python3 -u benchmarks/serve_load.py --target "$model" \
     --clients 8 --slots 4 --per-client 3 --turns 3 --max-tokens 64 --threads 8 --ctx 1536 --gpu-layers 99 \
     --prompts benchmarks/prompts/long-notes.jsonl --llama-bin "$BIN" --systems llama edgespec edgespec-cache \
     --json "$OUT/serve-turns.json"

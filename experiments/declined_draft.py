@@ -7,7 +7,9 @@ and token count for each. Per way: decode tokens/s; its ratio to target-only per
 the same ratio in the process's CPU time (`cpu x`: the work done, which other processes on a shared machine
 inflate less; prefill included); rounds drafted; and where the decode time went: the target's verify passes with
 the rule (`target s`), the draft (`draft s`), and the rest of the loop per round (`other us`: the controller, the
-drafter's bookkeeping, the text).
+drafter's bookkeeping, the text); and of that, the part a device waits on (`gap us`: per pass, from the moment the
+rows of one pass were in hand to the start of the next; work done after a pass was started ahead overlaps it on a
+GPU and does not count there).
 
 Before that, `--raw` one-token target passes (as target-only decoding runs them) are timed with no draft model in
 the process and with one loaded beside the target just after it ran, interleaved per repetition: what a loaded
@@ -58,6 +60,34 @@ def raw_passes(target: str, draft: str, n: int, reps: int, threads: int, gpu_lay
     return out
 
 
+class PassGaps:
+    """Times the host's work between the target's passes: from the return of the call that handed out a pass's
+    rows (forward, collect) to the call that starts the next (forward, prefetch), summed in `seconds`."""
+
+    def __init__(self, target):
+        self.seconds, self.passes, self._ready = 0.0, 0, None
+        for name in ("forward", "prefetch", "collect"):
+            setattr(target, name, self._timed(getattr(target, name), starts=name != "collect",
+                                              hands_out=name != "prefetch"))
+
+    def _timed(self, call, starts: bool, hands_out: bool):
+        def timed(*args, **kwargs):
+            if starts and self._ready is not None:
+                self.seconds += time.perf_counter() - self._ready
+                self.passes += 1
+                self._ready = None
+            out = call(*args, **kwargs)
+            if hands_out:
+                self._ready = time.perf_counter()
+            return out
+        return timed
+
+    def take(self) -> tuple[float, int]:
+        """(seconds, gaps) since the last take; the next generation's first pass starts a new count."""
+        out, self.seconds, self.passes, self._ready = (self.seconds, self.passes), 0.0, 0, None
+        return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
@@ -91,12 +121,14 @@ def main() -> None:
                "lookup": api.Engine(target, PromptLookupDrafter(target.vocab.n_vocab), lookup)}
     prompts = [row["prompt"] for row in read_prompts(None)][:args.prompts]
     engine.generate(prompts[0], max_tokens=16, draft_max=0)  # warm up
+    gaps = PassGaps(target)
     sums = defaultdict(lambda: defaultdict(float))  # (rep, way) -> sums over the rep's prompts
     turn = 0
     for rep in range(args.reps):
         for i, prompt in enumerate(prompts):
             for way in WAYS[turn % 3:] + WAYS[:turn % 3]:
                 cpu = time.process_time()
+                gaps.take()
                 s = engines[way].generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature,
                                           seed=i).stats
                 t = sums[rep, way]
@@ -107,6 +139,9 @@ def main() -> None:
                 t["target_s"] += s.target_s
                 t["draft_s"] += s.draft_s
                 t["drafted"] += sum(n for k, n in s.draft_lengths.items() if k)
+                gap_s, n_gaps = gaps.take()
+                t["gap_s"] += gap_s
+                t["gaps"] += n_gaps
             turn += 1
     engine.close()
 
@@ -124,7 +159,8 @@ def main() -> None:
         other = (total["decode_s"] - total["target_s"] - total["draft_s"]) / total["passes"]
         print(f"{way:12s}{total['tokens'] / total['decode_s']:8.1f}{spread(ratios):>32s}{spread(cpu):>26s}"
               f"{total['passes'] / args.reps:8.0f}{total['drafted'] / args.reps:8.0f}"
-              f"{total['target_s'] / args.reps:10.3f}{total['draft_s'] / args.reps:9.4f}{other * 1e6:9.1f}")
+              f"{total['target_s'] / args.reps:10.3f}{total['draft_s'] / args.reps:9.4f}{other * 1e6:9.1f}"
+              f"{total['gap_s'] / max(total['gaps'], 1) * 1e6:8.1f}")
 
 
 if __name__ == "__main__":
