@@ -124,6 +124,9 @@ if [ "${STREAMS:-1}" = 1 ]; then  # issue 45: several requests on one context, w
     --max-tokens 64 --threads 8 --json
 fi
 if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every python imports llama_cpp first
+  # edgespec serve's web stack (fastapi, uvicorn, pydantic for CPython 3.12), which that image lacks: kept in the kit,
+  # /work/main/.venv/bin/pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 ...
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-kit/serve-wheels/*.whl >>"$OUT/log.txt" 2>&1
   mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
     >/tmp/llama-first-site/sitecustomize.py
   step 300 "$OUT/serve-load.txt" "edgespec serve --parallel N against llama-server -np N, 1 and 4 clients" \

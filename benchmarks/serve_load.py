@@ -66,8 +66,8 @@ class EdgespecServer(Server):
         command = [sys.executable, "-m", "edgespec.cli", "serve", "-m", target, "--draft", draft,
                    "--parallel", str(streams), "--port", str(self.port), "--threads", str(threads), "--ctx", str(ctx),
                    "-n", str(max_tokens), "--max-queue", "64", *place, *extra]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.wait_healthy(f"{shlex.join(command)} (run it alone to see why)")
+        self.spawn(command)
+        self.wait_healthy(shlex.join(command))
 
 
 def start(system: str, args: argparse.Namespace, streams: int) -> Server:

@@ -84,10 +84,14 @@ class Server:
 
     def __init__(self, binary: Path, target: str, threads: int, ctx: int, extra: list[str], slots: int = 1):
         self.port = free_port()
-        self.process = subprocess.Popen([str(binary), "-m", target, "--port", str(self.port), "-t", str(threads),
-                                         "-tb", str(threads), "-c", str(ctx), "-np", str(slots), *extra],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.spawn([str(binary), "-m", target, "--port", str(self.port), "-t", str(threads), "-tb", str(threads),
+                    "-c", str(ctx), "-np", str(slots), *extra])
         self.wait_healthy(f"llama-server {' '.join(extra)}")
+
+    def spawn(self, command: list[str]) -> None:
+        """Start the server; what it writes to stderr is kept for the message of a start that fails."""
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log)
 
     def wait_healthy(self, what: str) -> None:
         """Return once GET /health answers 200; exit naming `what` if the process ends first or 120 s pass."""
@@ -99,8 +103,10 @@ class Server:
                         return
             except OSError:
                 time.sleep(0.3)
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace").strip().splitlines()[-15:]
         self.close()
-        sys.exit(f"{what} did not start")
+        sys.exit(f"{what} did not start; the end of its stderr:\n" + "\n".join(tail))
 
     def answer(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[int, float]:
         """(tokens generated, decode tok/s) for one chat answer."""
@@ -115,6 +121,7 @@ class Server:
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+        self.log.close()
 
 
 def main() -> None:
