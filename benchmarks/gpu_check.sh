@@ -8,16 +8,16 @@
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
 # MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
 # generate, LOOP=0 the rows-only loop benchmark, BENCH=0 edgespec bench with each draft, TRACE=0 the controller's
-# trace, DECODE=0 the breakdown of a token's time, BASICS=0 the default-placement generate and the pass costs, STREAMS=0 several requests at once (1 vs 4
-# streams on one context, experiments/streams_throughput.py; 4 streams drafting fixed lengths, experiments/
-# streams_draft.py: what joined draft steps cost there), SERVE=1 (off by default: it builds llama-server too)
-# issue 45's criterion, edgespec serve --parallel N against llama-server -np N at 1 and 4 clients
-# (benchmarks/serve_load.py: plain and prompt lookup, the random target), and conversations of 3 turns from 8 clients
-# on 4 slots with and without the prompt cache. Steps that would run past DEADLINE
-# seconds from the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a
-# process that imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and
-# prompt lookup cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1). Results under $OUT,
-# in one archive.
+# trace, DECODE=0 the breakdown of a token's time, BASICS=0 the default-placement generate and the pass costs,
+# STREAMS=0 several requests at once (1 vs 4 streams on one context, experiments/streams_throughput.py; 4 streams
+# drafting fixed lengths, experiments/streams_draft.py: what joined draft steps cost there), SERVE=1 (off by
+# default: it builds llama-server too) issue 45's criterion, edgespec serve --parallel N against llama-server -np N at
+# 1 and 4 clients (benchmarks/serve_load.py: plain and prompt lookup, the random target), and conversations of 3
+# turns from 8 clients on 4 slots with and without the prompt cache. Steps that would run past DEADLINE seconds from
+# the start (default 520) are skipped, so the archive comes back inside one device call. Also: whether a process that
+# imports numpy before llama_cpp loads a model (numpy-first.txt), and what a declined draft model and prompt lookup
+# cost beside target-only on the GPU (experiments/declined_draft.py, t=0 and t=1, with the host's time between
+# passes). Results under $OUT, in one archive.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -124,8 +124,9 @@ if [ "${STREAMS:-1}" = 1 ]; then  # issue 45: several requests on one context, w
     --max-tokens 64 --threads 8 --json
 fi
 if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every python imports llama_cpp first
-  # edgespec serve's web stack (fastapi, uvicorn, pydantic for CPython 3.12), which that image lacks: kept in the kit,
-  # /work/main/.venv/bin/pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 ...
+  # edgespec serve's web stack, which that image lacks (fastapi, uvicorn and what they need, opentelemetry-api
+  # included), for its CPython 3.12, put in the kit here: pip download --only-binary=:all: --python-version 3.12
+  # --platform manylinux2014_x86_64 --implementation cp -d .gpu-kit/serve-wheels fastapi==V uvicorn==V (this venv's)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-kit/serve-wheels/*.whl >>"$OUT/log.txt" 2>&1
   mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
     >/tmp/llama-first-site/sitecustomize.py
