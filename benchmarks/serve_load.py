@@ -55,6 +55,20 @@ SYSTEMS = {  # --systems name -> table label
 }
 
 
+def slots_of(system: str) -> tuple[str, int | None]:
+    """A --systems entry, NAME or NAME@S (S slots whatever --slots and the clients say: one client on 1 slot and
+    on 4 in one run, interleaved), as (NAME, S or None)."""
+    name, at, slots = system.partition("@")
+    if at and not (slots.isdigit() and int(slots) > 0):
+        return system, None  # not a system: refused by name
+    return name, int(slots) if slots else None
+
+
+def label(system: str) -> str:
+    name, slots = slots_of(system)
+    return SYSTEMS[name] + (f" on {slots} slot{'s' * (slots > 1)}" if slots else "")
+
+
 class EdgespecServer(Server):
     """edgespec serve on a free loopback port, with `streams` requests decoding at once and gpu_layers layers on
     the GPU (0: the CPU only)."""
@@ -72,6 +86,7 @@ class EdgespecServer(Server):
 
 def start(system: str, args: argparse.Namespace, streams: int) -> Server:
     """The server of `system` (a key of SYSTEMS) with room for `streams` requests at once."""
+    system = slots_of(system)[0]
     if system.startswith("edgespec"):
         draft = {"edgespec+draft": args.draft, "edgespec+ngram": "ngram"}.get(system, "none")
         extra = ("--prompt-cache", "0") if system == "edgespec-cache" else ()
@@ -149,7 +164,7 @@ def load(port: int, prompts: list[str], clients: int, per_client: int, max_token
 
 def run_cell(system: str, args: argparse.Namespace, prompts: list[str], clients: int) -> dict:
     """One server of `system` for `clients` clients: started, warmed up with one request, loaded, stopped."""
-    server = start(system, args, args.slots or clients)
+    server = start(system, args, slots_of(system)[1] or args.slots or clients)
     try:
         try:
             chat(server.port, [{"role": "user", "content": "Say hello."}], args.max_tokens, seed=0)
@@ -204,7 +219,7 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         p50, p95 = (f"{v:.2f}" if v is not None else "-" for v in (r["p50_s"], r["p95_s"]))
         cached = f"{r['prompt_cached']:.0%}" if r["prompt_cached"] is not None else "-"
         errors = f"{r['errors']} (invalid)" if r["errors"] else "0"
-        lines.append(f"| {SYSTEMS[r['system']]} | {r['tok_s']:.1f} | {x} | {p50} | {p95} | {cached} | {errors} |")
+        lines.append(f"| {label(r['system'])} | {r['tok_s']:.1f} | {x} | {p50} | {p95} | {cached} | {errors} |")
     return "\n".join(lines)
 
 
@@ -234,8 +249,9 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=None,
                     help="requests each server decodes at once (-np, --parallel) [default: as many as clients]")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, metavar="SYSTEM",
-                    help=f"from {' '.join(SYSTEMS)} [default: all; the +draft ones with --draft]")
+    ap.add_argument("--systems", nargs="+", metavar="SYSTEM",
+                    help=f"from {' '.join(SYSTEMS)}, each also as SYSTEM@S: on S slots whatever --slots says "
+                         "[default: all; the +draft ones with --draft]")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of every cell, in a rotated order")
     ap.add_argument("--prompts", metavar="FILE", help="JSONL with a 'prompt' field [default: edgespec's built-in set]")
     ap.add_argument("--llama-bin", metavar="DIR",
@@ -247,7 +263,10 @@ def main() -> None:
     from edgespec.models.default import default_target
 
     systems = args.systems or [s for s in SYSTEMS if (args.draft or not s.endswith("+draft")) and s != "edgespec-cache"]
-    if not args.draft and any(s.endswith("+draft") for s in systems):
+    unknown = [s for s in systems if slots_of(s)[0] not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown system {unknown[0]}: choose from {' '.join(SYSTEMS)}, or SYSTEM@S")
+    if not args.draft and any(slots_of(s)[0].endswith("+draft") for s in systems):
         ap.error("the +draft systems need --draft D.gguf")
     if min(args.clients) < 1 or args.per_client < 1 or args.reps < 1 or args.turns < 1 or (args.slots or 1) < 1:
         ap.error("--clients, --per-client, --reps, --turns and --slots must be at least 1")
@@ -268,7 +287,7 @@ def main() -> None:
                 cell = run_cell(system, args, prompts, clients)
                 cells.append({"clients": clients, "system": system, "rep": rep, **cell})
                 tokens = sum(r["tokens"] for r in cell["requests"])
-                print(f"{clients} client{'s' * (clients > 1)}, rep {rep + 1}/{args.reps}, {SYSTEMS[system]}: "
+                print(f"{clients} client{'s' * (clients > 1)}, rep {rep + 1}/{args.reps}, {label(system)}: "
                       f"{tokens} tokens in {cell['wall_s']:.1f} s", file=sys.stderr)
     summary = [row for clients in args.clients for row in summarize(cells, clients, systems)]
     for clients in args.clients:

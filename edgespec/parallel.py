@@ -34,6 +34,8 @@ from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
 from edgespec.plan.planner import CTX_STEP
 
+AUTO_STREAMS = 4  # requests `edgespec serve` generates at once unless told, where they fit: llama-server's slots
+
 
 def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
     """Pass costs for 1..rows rows from those measured (1..n), never less for more rows (timings are noisy);
@@ -44,6 +46,86 @@ def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
         most = max(most, measured[r] if r <= n else measured[n] + step * (r - n))
         costs[r] = most
     return costs
+
+
+def _resolved(target, draft) -> tuple[str, str | None, dict]:
+    """The target's file (the default model's for None), the draft ("auto" chosen for it: choose_draft) and the
+    record of that choice."""
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
+    if draft == AUTO_DRAFT:
+        choice = {**choose_draft(target), "auto": True}
+        draft = choice.pop("path", choice["draft"])
+    return resolve_model(target), draft, choice
+
+
+def _one_stream(target: str, spec) -> str | None:
+    """Why `target` with the draft `spec` runs one stream at a time (None: it runs as streams)."""
+    if Path(target).is_dir() or Path(target).suffix.lower() != ".gguf":
+        return (f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target answers one "
+                "request at a time")
+    if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
+        return (f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and prompt lookup in "
+                "front of a draft run one stream at a time")
+    return None
+
+
+def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
+    """(whether the streams share one pool of KV cells, the cells each stream's context takes).
+
+    Streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads its own stream's
+    cells, not all of them (on the CPU a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's prefill
+    beside three such streams 18 %: docs/results/2026-11-27-long-prompts.md). But llama.cpp then computes the rows
+    a stream's draft adds beyond the others' one token as a pass of their own, which a GPU pays as a whole pass
+    where the same rows in one pool cost little; and a draft model's streams step their draft model together. So
+    on a GPU, and with a draft model, drafting streams share one pool."""
+    on_gpu = gpu_name() is not None and placement.parse_gpu_layers(gpu_layers) != 0
+    unified = spec.kind == "model" or (spec.kind == "lookup" and on_gpu)
+    return unified, n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # a pool rounded up as llama.cpp does
+
+
+def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = "ngram", *,
+                 n_ctx: int = 2048, gpu_layers: int | str | None = None, device: str | None = None,
+                 budget: str | int | None = None, kv_type: str | None = None,
+                 profiles: str | os.PathLike | None = None) -> tuple[int, str]:
+    """How many requests `edgespec serve` generates at once unless told (--parallel auto), and why: AUTO_STREAMS,
+    as llama-server's slots, where the target is a GGUF file, the draft runs as streams, the model was trained for
+    that many contexts of n_ctx tokens and their KV caches fit: the memory plan for the device (this machine
+    unless `device`) within `budget`, with as many of the target's layers on a GPU as one stream's plan; fewer
+    streams where that many do not fit; 1 (one Engine, one request at a time) otherwise. Reads headers only."""
+    from edgespec.api import plan_for
+    from edgespec.backends.model_info import read_model_info
+
+    target, draft, _ = _resolved(target, draft)
+    spec = parse_draft(draft).resolved()
+    refused = _one_stream(target, spec)
+    if refused:
+        return 1, refused
+    unified, cells = _layout(spec, gpu_layers, n_ctx)
+    trained = read_model_info(target).n_ctx_train or 0
+    most = min(AUTO_STREAMS, trained // cells) if trained else AUTO_STREAMS
+    if most < 2:
+        return 1, f"{Path(target).name} was trained for {trained} tokens: one context of {n_ctx}"
+    planned = device is not None or budget is not None  # else loaded as asked: f16 KV cache, every layer on a GPU
+
+    def plan(streams: int):
+        return plan_for(target, str(spec), device=device, budget=budget, n_ctx=cells * streams,
+                        kv_type=kv_type or (None if planned else "f16"), profiles=profiles, measure_bandwidth=False)
+
+    one = plan(1)
+    for streams in range(most, 1, -1):
+        several = plan(streams)
+        if several.fits and several.target.n_gpu_layers >= one.target.n_gpu_layers:
+            break
+    else:
+        return 1, f"the KV caches of 2 contexts of {n_ctx} tokens do not fit ({one.budget_note})"
+    why = "" if streams == AUTO_STREAMS else (
+        f"; {AUTO_STREAMS} do not fit ({one.budget_note})" if (streams + 1) * cells <= trained or not trained
+        else f"; {Path(target).name} was trained for {trained} tokens")
+    return streams, f"{streams} contexts of {n_ctx} tokens{why}"
 
 
 class Parallel:
@@ -60,36 +142,17 @@ class Parallel:
                  streams: int = 4, n_ctx: int = 2048, threads: int | None = None, gpu_layers: int | str | None = None,
                  k_max: int = K_MAX, device: str | None = None, budget: str | int | None = None,
                  kv_type: str | None = None, profiles: str | os.PathLike | None = None):
-        if target is None:
-            from edgespec.models.default import default_target
-
-            target = default_target()
         if not 1 <= streams <= MAX_OUTPUTS:
             raise EdgespecError(f"streams must be 1 to {MAX_OUTPUTS} (the sequences a context holds), got {streams}")
-        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
-        if draft == AUTO_DRAFT:
-            choice = {**choose_draft(target), "auto": True}
-            draft = choice.pop("path", choice["draft"])
+        target, draft, choice = _resolved(target, draft)
         self.draft_choice = choice
-        target = resolve_model(target)
         spec = parse_draft(draft).resolved()
-        if Path(target).is_dir() or Path(target).suffix.lower() != ".gguf":
-            raise EdgespecError(f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target "
-                                "answers one request at a time")
-        if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
-            raise EdgespecError(f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and "
-                                "prompt lookup in front of a draft run one stream at a time")
-        # streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads its own
-        # stream's cells, not all of them (on the CPU a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's
-        # prefill beside three such streams 18 %: docs/results/2026-11-27-long-prompts.md). But llama.cpp then
-        # computes the rows a stream's draft adds beyond the others' one token as a pass of their own, which a
-        # GPU pays as a whole pass where the same rows in one pool cost little; and a draft model's streams step
-        # their draft model together. So on a GPU, and with a draft model, drafting streams share one pool
-        layers = placement.parse_gpu_layers(gpu_layers)
-        on_gpu = gpu_name() is not None and layers != 0
-        unified = spec.kind == "model" or (spec.kind == "lookup" and on_gpu)
+        refused = _one_stream(target, spec)
+        if refused:
+            raise EdgespecError(refused)
+        unified, cells = _layout(spec, gpu_layers, n_ctx)
         self._own_pass = spec.kind == "lookup" and not unified  # a draft's rows: a pass of their own (_batch_costs)
-        cells = n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # each pool rounded up as llama.cpp does
+        layers = placement.parse_gpu_layers(gpu_layers)
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
         draft_settings = dict(settings)
         self.plan = None
@@ -186,12 +249,23 @@ class Parallel:
         self._reprice(stream, False)
 
     def _reprice(self, stream: int, generating: bool) -> None:
+        """Price every stream's passes among the streams generating now. A stream that generates alone learns its
+        passes' costs as one Engine does (its loop's timings, the host's work of a round included, which passes
+        timed at load leave out: on the reference pair 13 ms a one-token round against 10 ms measured, enough to
+        decline a draft model that one Engine drafts with); once another stream begins or it ends, what it
+        learnt becomes the passes of that many rows in every stream's prices."""
         with self._lock:
+            if len(self._active) == 1:
+                alone = self.engines[next(iter(self._active))].controller
+                if alone is not None and alone.learn_costs:
+                    learnt = {**self._rows_cost, **{n: alone.target_costs[n] for n in range(1, self._k_max + 2)}}
+                    self._rows_cost = _rows_costs(learnt, len(learnt))
             (self._active.add if generating else self._active.discard)(stream)
             costs = self._batch_costs(max(len(self._active), 1))
-            for engine in self.engines:
+            for i, engine in enumerate(self.engines):
                 if engine.controller is not None:
                     engine.controller.set_pass_costs(costs)
+                    engine.controller.learn_costs = self._active == {i}
 
     def _batch_costs(self, active: int) -> dict[int, float]:
         """What a verify of n tokens costs a stream among `active` generating streams that send a token each: its

@@ -55,8 +55,9 @@ def serve(*args: str, env: dict | None = None):
 
 @pytest.fixture(scope="module")
 def server(default_gguf):
-    """A server process with the default model and prompt lookup, requiring an API key."""
-    with serve("--target", str(default_gguf), "--draft", "ngram", "--ctx", "512",
+    """A server process with the default model and prompt lookup, one request at a time (tests/
+    test_server_parallel.py serves several), requiring an API key."""
+    with serve("--target", str(default_gguf), "--draft", "ngram", "--ctx", "512", "--parallel", "1",
                env={**os.environ, "EDGESPEC_API_KEY": KEY}) as url:
         yield url
 

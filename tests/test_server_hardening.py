@@ -307,11 +307,46 @@ def test_serve_passes_the_queue_and_time_limit_options_on(monkeypatch):
     served_with = {}
     monkeypatch.setattr(options, "load", lambda *args, **kwargs: Engine(Utf8Fake(), None, None))
     monkeypatch.setattr(edgespec.server, "serve", lambda engine, **options: served_with.update(options))
-    result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--max-queue", "3", "--request-timeout", "2.5"])
+    result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--parallel", "1", "--max-queue", "3",
+                                           "--request-timeout", "2.5"])
     assert result.exit_code == 0, result.output
     assert (served_with["max_queue"], served_with["request_timeout"]) == (3, 2.5)
     result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--max-queue", "0"])
     assert result.exit_code == 1 and "--max-queue" in result.output
+
+
+def test_serve_runs_as_many_streams_as_fit_unless_told(monkeypatch):
+    """Without --parallel: 4 streams where the memory plan and the trained context hold them, fewer where not, one
+    request at a time where the draft runs one stream; the startup line says which and why."""
+    from click.testing import CliRunner
+
+    import edgespec.parallel
+    import edgespec.server
+    from edgespec import cli
+    from edgespec.cli import options
+
+    opened = []
+
+    class Opened:  # what serve reads of a Parallel, its streams over fakes
+        def __init__(self, target, draft, *, streams, **settings):
+            opened.append(streams)
+            self.engines = [Engine(Utf8Fake(), None, None) for _ in range(streams)]
+            self.draft_choice = {"draft": str(draft), "reason": "asked for", "auto": False}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(edgespec.parallel, "Parallel", Opened)
+    monkeypatch.setattr(options, "load", lambda *args, **kwargs: opened.append(1) or Engine(Utf8Fake(), None, None))
+    monkeypatch.setattr(edgespec.server, "serve", lambda engine, **options: None)
+    for args, streams, why in ((["--draft", "none"], 4, "4 contexts of 2048 tokens"),
+                               (["--draft", "ngram", "--ctx", "4096"], 2, "was trained for 8192 tokens"),
+                               (["--draft", "none", "--parallel", "3"], 3, ""),
+                               (["--draft", "eagle"], 1, "run one stream at a time")):
+        result = CliRunner().invoke(cli.main, ["serve", *args])
+        assert result.exit_code == 0, result.output
+        assert opened.pop() == streams and why in result.output and opened == []
+        assert ("--parallel auto" in result.output) == (args[-2] != "--parallel")
 
 
 class Streams:

@@ -147,6 +147,29 @@ def test_each_streams_controller_prices_its_passes_among_the_generating_streams(
         assert controllers[1].target_costs == pytest.approx({n: c[n] for n in range(1, 10)})
 
 
+def test_a_stream_generating_alone_learns_its_costs_for_every_stream(reference_pair):
+    """A stream alone learns its passes' costs from its rounds, as one Engine does (a round's time holds host work
+    that passes timed at load leave out); once another begins, what it learnt prices every stream's passes, and no
+    stream learns from joined passes."""
+    target, _ = reference_pair
+    with Parallel(target, "ngram", streams=2, n_ctx=256, threads=1) as p:
+        first, second = (engine.controller for engine in p.engines)
+        measured = p._rows_cost[1]
+        p.begin(0)
+        assert first.learn_costs and not second.learn_costs
+        for _ in range(20):
+            first.observe(0, 0, 0.0, 2 * measured, pass_tokens=1)
+        learnt = first.target_costs[1]
+        assert learnt == pytest.approx(2 * measured, rel=0.05)
+        p.begin(1)
+        assert not first.learn_costs and not second.learn_costs
+        assert p._rows_cost[1] == learnt and p._rows_cost[2] >= learnt  # never less for more rows
+        second.observe(0, 0, 0.0, 100 * measured, pass_tokens=1)
+        assert second.target_costs == first.target_costs  # a joined pass teaches nothing
+        p.end(1)
+        p.end(0)
+        assert second.target_costs[1] == learnt and not first.learn_costs
+
 def test_the_streams_draft_steps_run_as_one_decode_and_their_verify_waits_for_them(reference_pair):
     """A draft model's context joined to its target's: two streams drafting step together (one decode of the draft
     a step), and a stream that verifies at once waits for the drafting stream's rows, not past it (one decode of

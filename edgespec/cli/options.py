@@ -51,6 +51,23 @@ class Seed(click.IntRange):
             self.fail(f"{value} is no seed: give a whole number from 0 up, e.g. 42", param, ctx)
 
 
+class Streams(click.IntRange):
+    """serve's --parallel: 'auto' (returned as None: auto_streams decides) or a number of streams."""
+
+    name = "auto|N"
+
+    def __init__(self, most: int):
+        super().__init__(1, most)
+
+    def convert(self, value, param, ctx):
+        if value is None or str(value).strip().lower() == "auto":
+            return None
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value} is neither auto nor a number of streams from 1 to {self.max}", param, ctx)
+
+
 def plan_options(f):
     """--device, --budget, --ctx, --kv-type, --profiles, --threads: what the memory planner decides from."""
     for option in reversed([
@@ -125,7 +142,8 @@ def model_options(f):
         # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile); "auto"
         # is resolved by load (which records what it chose and why) or, for advise, by auto_draft
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
-                               "threads": threads, "provider": provider}
+                               "threads": threads, "provider": provider, "budget": budget, "n_ctx": n_ctx,
+                               "kv_type": kv_type, "gpu_layers": gpu_layers, "tree_width": tree_width}
         return f(*args, load_engine=load_engine, **kwargs)
 
     return wrapper

@@ -8,7 +8,7 @@ import click
 
 from edgespec.backends.open import is_onnx
 from edgespec.cli.models import print_choice
-from edgespec.cli.options import Finite, describe, model_options, read_schema, sampling_options, status
+from edgespec.cli.options import Finite, Streams, describe, model_options, read_schema, sampling_options, status
 from edgespec.errors import EdgespecError
 
 
@@ -124,10 +124,11 @@ def chat(load_engine, system, **sampling):
               help="Most requests admitted at once, the one generating included; more get a 429 with Retry-After")
 @click.option("--request-timeout", type=Finite(0, min_open=True), default=600.0, show_default=True,
               help="Seconds a request may take from its arrival, waiting included; past it, a 504")
-@click.option("--parallel", type=click.IntRange(1, 16), default=1, show_default=True,
+@click.option("--parallel", type=Streams(16), default="auto", show_default=True,
               help="Requests generated at once, each a stream of one llama.cpp context with its own drafts, their "
                    "passes joined into one decode a round (GGUF targets; prompt lookup or a draft model); --ctx is "
-                   "each stream's")
+                   "each stream's. auto: 4, as llama-server's slots, where the memory plan and the model's trained "
+                   "context hold them (fewer where not), else 1")
 @click.option("--prompt-cache", default="auto", show_default=True, metavar="SIZE|auto|0",
               help="Host memory for the saved states of prompts read before (GGUF), e.g. 2GiB: a conversation's "
                    "next turn starts from its state after other requests took its slot; auto: up to 1 GiB, a "
@@ -135,7 +136,8 @@ def chat(load_engine, system, **sampling):
 def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, request_timeout, parallel, prompt_cache):
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).
 
-    One model pair, loaded once; requests are answered one at a time in order, or --parallel of them at once.
+    One model pair, loaded once; --parallel requests are answered at once (by default 4 where they fit), the
+    others wait in order.
     """
     try:
         from edgespec.server import loading_thread
@@ -150,12 +152,26 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     onnx = target is not None and is_onnx(target)
     if prompt_cache != "auto":
         prompt_cache_bytes(prompt_cache)  # a size it cannot read, refused before loading
+    options = load_engine.options
+    chosen = ""  # why, where --parallel was left to auto
+    if parallel is not None:
+        streams = 1 if onnx else parallel
+    elif options["tree_width"] > 1:
+        streams, chosen = 1, "draft trees run one stream at a time"
+    else:
+        from edgespec.parallel import auto_streams
+
+        streams, chosen = auto_streams(target, options["draft"], n_ctx=options["n_ctx"] or 2048,
+                                       gpu_layers=options["gpu_layers"], device=options["device"],
+                                       budget=options["budget"], kv_type=options["kv_type"],
+                                       profiles=options["profiles"])
     status("loading models and measuring draft costs ...")
-    streams = 1 if onnx else parallel
     executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on
     engine = executor.submit(load_engine).result() if executor else load_engine(streams=streams)
     how = (f"; {streams} streams at once, their passes joined" if streams > 1 else "; one request at a time"
-           + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and parallel > 1 else ""))
+           + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and (parallel or 1) > 1 else ""))
+    if chosen:
+        how += f" (--parallel auto: {chosen})"
     first = engine.engines[0] if streams > 1 else engine
     try:
         size = prompt_cache_bytes(prompt_cache, first.plan)

@@ -367,7 +367,8 @@ class DraftController:
 
     def set_pass_costs(self, costs: dict[int, float]) -> None:
         """Price verify passes by `costs` (n tokens -> seconds) from here on: what a pass of a stream among others
-        costs it (parallel.Parallel, with learn_costs off: a joined pass's time is not this stream's cost)."""
+        costs it (parallel.Parallel, with learn_costs off while others generate: a joined pass's time is not this
+        stream's cost)."""
         self.target_costs = dict(costs)
         self._surveyed = self._spent = None
 
