@@ -6,7 +6,8 @@ looked for, so cells run one after another (benchmarks/serve_load.py) cannot tel
 server is started first and stays up (idle between its requests); then each prompt is sent to every server in
 turn, in an order rotated per prompt, and each answer's decode speed (the `edgespec` field's tokens_per_second,
 prompt reading excluded) and its latency are paired with the same prompt's on the other servers. Reported per
-draft: the median ratio of --parallel 4 to --parallel 1 over the prompts, and their range.
+draft: the median ratio of --parallel 4 to --parallel 1 over the prompts, and their range; then per --parallel,
+each draft against target-only (a declined draft should cost nothing, issue 43).
 
 usage: python experiments/one_client_streams.py --target T.gguf [--draft D.gguf] [--prompts 8] [--rounds 3]
        [--max-tokens 96] [--threads 2] [--ctx 1024]
@@ -76,6 +77,13 @@ def main() -> None:
         print(f"{Path(draft).name:>24s}  {statistics.median(s for _, s, _ in one):12.1f}  "
               f"{statistics.median(s for _, s, _ in four):12.1f}  {statistics.median(ratios):8.3f} "
               f"({min(ratios):.3f}-{max(ratios):.3f})  {sum(d for *_, d in one)} / {sum(d for *_, d in four)}")
+    print(f"\n{'draft':>24s}  {'x target-only, --parallel 1':>28s}  {'x target-only, --parallel 4':>28s}")
+    for draft in drafts[1:]:
+        cells = []
+        for streams in (1, 4):
+            ratios = [b[1] / a[1] for a, b in zip(speeds["none", streams], speeds[draft, streams], strict=True)]
+            cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+        print(f"{Path(draft).name:>24s}  {cells[0]:>28s}  {cells[1]:>28s}")
 
 
 if __name__ == "__main__":
