@@ -38,6 +38,15 @@ bash .gpu-kit/build.sh llama-bench $([ "${SERVE:-0}" = 1 ] && echo llama-server)
   || { tail -30 "$OUT/build.txt"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD:/tmp/llama-gpu/llama.cpp/gguf-py
 BIN=/tmp/llama-gpu/build/bin
+# edgespec's C row passes (decode/_rows.c) for this Python: compiled modules are not carried (git ignores them), and
+# without them every law is made by numpy's passes, as in the device checks of 2026-11-26 and -27 (t=1, a 152k row: 155
+# us on a 2-core EPYC against the C passes' 115; the H200's host waited 400 us a token at t=1 with numpy's)
+log "edgespec's C row passes, built for this Python"
+include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+python3 setup.py -q build_ext --inplace >>"$OUT/log.txt" 2>&1 || gcc -O3 -shared -fPIC "-I$include" \
+  edgespec/decode/_rows.c edgespec/decode/_weights.c -lm -o "edgespec/decode/_rows$suffix" >>"$OUT/log.txt" 2>&1
+python3 -c "from edgespec.decode import rows; print(rows.kind())" >"$OUT/rows-kind.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt"
 # which libraries numpy and llama_cpp bring in (a process that imported numpy first was seen to crash loading a model)
 for first in numpy llama_cpp; do
