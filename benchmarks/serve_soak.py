@@ -7,7 +7,7 @@ end the server gets SIGTERM and must exit 0 within 30 s. Printed: requests,
 errors (any status but 200, or a stream that ended in an error event), tokens, RSS at the first minute and at the
 end, and the shutdown; --json writes the RSS series.
 
-usage: python benchmarks/serve_soak.py --target T.gguf [--draft ngram|D.gguf] [--parallel 8] [--clients 8]
+usage: python benchmarks/serve_soak.py --target T.gguf [--draft ngram|D.gguf] [--parallel 8|auto] [--clients 8]
        [--minutes 10] [--max-tokens 64] [--threads 2] [--ctx 1024] [--prompt-cache auto] [--prompts FILE]
        [--json FILE]
 """
@@ -40,7 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", default="ngram")
-    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--parallel", default="8", help="the server's --parallel: a number, or auto")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--max-tokens", type=int, default=64)
