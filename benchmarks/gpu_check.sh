@@ -136,7 +136,8 @@ if [ "${SERVE:-0}" = 1 ]; then  # issue 45: servers under 1 and 4 clients; every
   # edgespec serve's web stack, which that image lacks (fastapi, uvicorn and what they need, opentelemetry-api
   # included), for its CPython 3.12, put in the kit here: pip download --only-binary=:all: --python-version 3.12
   # --platform manylinux2014_x86_64 --implementation cp -d .gpu-kit/serve-wheels fastapi==V uvicorn==V (this venv's)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-kit/serve-wheels/*.whl >>"$OUT/log.txt" 2>&1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-kit/serve-wheels/*.whl >>"$OUT/log.txt" 2>&1 \
+    || log "no web stack from .gpu-kit/serve-wheels (download it as above): edgespec serve will not start"
   mkdir -p /tmp/llama-first-site && echo 'import llama_cpp  # noqa: F401 (before numpy)' \
     >/tmp/llama-first-site/sitecustomize.py
   step 300 "$OUT/serve-load.txt" "edgespec serve --parallel N against llama-server -np N, 1 and 4 clients" \
