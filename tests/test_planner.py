@@ -468,6 +468,7 @@ def test_cli_plan_json(default_gguf, q4_0_gguf, tmp_path):
     assert fits.exit_code == 0, fits.output
     data = json.loads(fits.output)
     assert data["fits"] is True and data["device"] == "auto" and data["prediction"]["best_speedup"] >= 1
+    assert data["serve_streams"] == {"streams": 4, "why": "4 contexts of 2048 tokens"}
 
     refused = runner.invoke(main, ["plan", "-m", str(default_gguf), "--budget", "100MiB", "--json"])
     assert refused.exit_code == 1
@@ -483,6 +484,7 @@ def test_cli_plan_json(default_gguf, q4_0_gguf, tmp_path):
     assert data["device"] == "my-board" and data["capacity"] == int(3.5 * GiB) and len(data["models"]) == 2
     text = runner.invoke(main, ["plan", "-m", str(default_gguf), "--device", "rpi5-8gb", "--ctx", "1024"])
     assert text.exit_code == 0 and "Raspberry Pi 5" in text.output and "ctx 1024" in text.output
+    assert "serve: 4 requests at once unless told (--parallel auto: 4 contexts of 1024 tokens)" in text.output
 
 
 # --- planned against measured (slow) --------------------------------------------------------------

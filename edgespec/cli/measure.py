@@ -97,7 +97,8 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
 
     Prints each model's weights, KV cache, buffers and runtime against the device's memory, the settings
     that fit (context, KV cache type, prompt batch, GPU layers), or what is missing and which changes would
-    fit; and a roofline prediction of decode speed. Exits 1 when the models do not fit.
+    fit; a roofline prediction of decode speed; and how many requests `serve` would decode at once (--parallel
+    auto, each stream --ctx tokens, 2048 by default). Exits 1 when the models do not fit.
     """
     from edgespec.api import plan_for
     from edgespec.plan.report import format_plan, predict, to_dict
@@ -108,7 +109,19 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
         target, draft = read_manifest(pair)
     result = plan_for(target, draft, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, profiles=profiles)
     prediction = predict(result, acceptance)
-    click.echo(json.dumps(to_dict(result, prediction), indent=2) if as_json else format_plan(result, prediction))
+    report = to_dict(result, prediction)
+    if result.fits:  # what `edgespec serve` would run at once with these settings (--parallel auto)
+        from edgespec.parallel import auto_streams
+
+        streams, why = auto_streams(target, draft, n_ctx=n_ctx or 2048, device=device, budget=budget,
+                                    kv_type=kv_type, profiles=profiles)
+        report["serve_streams"] = {"streams": streams, "why": why}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(format_plan(result, prediction))
+        if result.fits:
+            click.echo(f"serve: {streams} request{'s' * (streams > 1)} at once unless told (--parallel auto: {why})")
     if not result.fits:
         sys.exit(1)
 
