@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when run by path from elsewhere (gpu_check.sh)
+from prepass_gap import PassGaps  # noqa: E402
 
 WAYS = ("target-only", "model", "lookup")
 
@@ -60,34 +65,6 @@ def raw_passes(target: str, draft: str, n: int, reps: int, threads: int, gpu_lay
     return out
 
 
-class PassGaps:
-    """Times the host's work between the target's passes: from the return of the call that handed out a pass's
-    rows (forward, collect) to the call that starts the next (forward, prefetch), summed in `seconds`."""
-
-    def __init__(self, target):
-        self.seconds, self.passes, self._ready = 0.0, 0, None
-        for name in ("forward", "prefetch", "collect"):
-            setattr(target, name, self._timed(getattr(target, name), starts=name != "collect",
-                                              hands_out=name != "prefetch"))
-
-    def _timed(self, call, starts: bool, hands_out: bool):
-        def timed(*args, **kwargs):
-            if starts and self._ready is not None:
-                self.seconds += time.perf_counter() - self._ready
-                self.passes += 1
-                self._ready = None
-            out = call(*args, **kwargs)
-            if hands_out:
-                self._ready = time.perf_counter()
-            return out
-        return timed
-
-    def take(self) -> tuple[float, int]:
-        """(seconds, gaps) since the last take; the next generation's first pass starts a new count."""
-        out, self.seconds, self.passes, self._ready = (self.seconds, self.passes), 0.0, 0, None
-        return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
@@ -121,7 +98,7 @@ def main() -> None:
                "lookup": api.Engine(target, PromptLookupDrafter(target.vocab.n_vocab), lookup)}
     prompts = [row["prompt"] for row in read_prompts(None)][:args.prompts]
     engine.generate(prompts[0], max_tokens=16, draft_max=0)  # warm up
-    gaps = PassGaps(target)
+    gaps = PassGaps(target)  # experiments/prepass_gap.py
     sums = defaultdict(lambda: defaultdict(float))  # (rep, way) -> sums over the rep's prompts
     turn = 0
     for rep in range(args.reps):
@@ -139,9 +116,9 @@ def main() -> None:
                 t["target_s"] += s.target_s
                 t["draft_s"] += s.draft_s
                 t["drafted"] += sum(n for k, n in s.draft_lengths.items() if k)
-                gap_s, n_gaps = gaps.take()
-                t["gap_s"] += gap_s
-                t["gaps"] += n_gaps
+                between = gaps.take()
+                t["gap_s"] += sum(between)
+                t["gaps"] += len(between)
             turn += 1
     engine.close()
 

@@ -2,10 +2,10 @@
 
 On a backend that starts passes ahead (llama.cpp on a GPU), what the loop does after a pass's row is read and
 before the next pass starts is time the device waits; what it does after the start is hidden. This script wraps a
-`LlamaBackend(overlap=True)`'s forward/collect (the row read) and prefetch (the next pass started) and reports, per
-round, the time between them for target-only decoding and for prompt lookup with a controller that declines it
-(costs of a GPU-like target: a pass of n tokens about n one-token passes). On a CPU the pass itself does not
-overlap, but the gap is the same host work a GPU would wait for.
+`LlamaBackend(overlap=True)`'s forward/collect (the row read) and forward/prefetch (the next pass started:
+PassGaps) and reports, per round, the time between them for target-only decoding and for prompt lookup with a
+controller that declines it (costs of a GPU-like target: a pass of n tokens about n one-token passes). On a CPU
+the pass itself does not overlap, but the gap is the same host work a GPU would wait for.
 
 usage: python experiments/prepass_gap.py TARGET.gguf [-t 1] [--reps 3] [--prompts 3] [--max-tokens 128]
 """
@@ -15,6 +15,36 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+
+class PassGaps:
+    """Times the host's work between a target's passes: from the return of the call that handed out a pass's rows
+    (forward, collect) to the call that starts the next (forward, prefetch), each such gap in `gaps`. Wraps the
+    backend's methods in place (experiments/declined_draft.py uses it too)."""
+
+    def __init__(self, target):
+        self.gaps: list[float] = []
+        self._ready = None
+        for name in ("forward", "prefetch", "collect"):
+            setattr(target, name, self._timed(getattr(target, name), starts=name != "collect",
+                                              hands_out=name != "prefetch"))
+
+    def _timed(self, call, starts: bool, hands_out: bool):
+        def timed(*args, **kwargs):
+            if starts and self._ready is not None:
+                self.gaps.append(time.perf_counter() - self._ready)
+                self._ready = None
+            out = call(*args, **kwargs)
+            if hands_out:
+                self._ready = time.perf_counter()
+            return out
+        return timed
+
+    def take(self) -> list[float]:
+        """The gaps of the generation since the last take but its first (after the prompt's pass: the controller's
+        start and a draft's reading, not a round's work); the next pass starts a new count."""
+        out, self.gaps, self._ready = self.gaps[1:], [], None
+        return out
 
 
 def main() -> None:
@@ -33,24 +63,7 @@ def main() -> None:
     from edgespec.drafts.base import PromptLookupDrafter
 
     target = LlamaBackend(args.target, n_ctx=1024, n_threads=1, overlap=True)
-    read_at, gaps = [0.0], []
-    forward, collect, prefetch = target.forward, target.collect, target.prefetch
-
-    def timed_forward(*a, **kw):
-        rows = forward(*a, **kw)
-        read_at[0] = time.perf_counter()
-        return rows
-
-    def timed_collect():
-        rows = collect()
-        read_at[0] = time.perf_counter()
-        return rows
-
-    def timed_prefetch(tokens):
-        gaps.append(time.perf_counter() - read_at[0])
-        return prefetch(tokens)
-
-    target.forward, target.collect, target.prefetch = timed_forward, timed_collect, timed_prefetch
+    gaps = PassGaps(target)
     costs = {n: 0.006 * n for n in range(1, 10)}  # a 2-token pass costs 2 one-token ones: lookup rarely pays
     ways = {"target-only": api.Engine(target, None, None),
             "lookup": api.Engine(target, PromptLookupDrafter(target.vocab.n_vocab), DraftController(costs, 0.0, 8))}
@@ -61,10 +74,10 @@ def main() -> None:
     for _ in range(args.reps):
         for i, prompt in enumerate(prompts):
             for way, engine in ways.items():
-                gaps.clear()
+                gaps.take()
                 stats = engine.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature,
                                         seed=i).stats
-                per_way[way] += gaps[1:]  # the first follows the prefill
+                per_way[way] += gaps.take()
                 drafted[way] += stats.drafted
     for way, values in per_way.items():
         values.sort()
