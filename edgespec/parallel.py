@@ -90,21 +90,24 @@ def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
 def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = "ngram", *,
                  n_ctx: int = 2048, gpu_layers: int | str | None = None, device: str | None = None,
                  budget: str | int | None = None, kv_type: str | None = None,
-                 profiles: str | os.PathLike | None = None) -> tuple[int, str]:
+                 profiles: str | os.PathLike | None = None, tree_width: int = 1) -> tuple[int, str]:
     """How many requests `edgespec serve` generates at once unless told (--parallel auto), and why: AUTO_STREAMS,
-    as llama-server's slots, where the target is a GGUF file, the draft runs as streams, the model was trained for
-    that many contexts of n_ctx tokens and their KV caches fit: the memory plan for the device (this machine
-    unless `device`) within `budget`, with as many of the target's layers on a GPU as one stream's plan; fewer
-    streams where that many do not fit; 1 (one Engine, one request at a time) otherwise. Reads headers only."""
+    as llama-server's slots, where the target is a GGUF file, the draft runs as streams (chains: tree_width 1),
+    the model was trained for that many contexts of n_ctx tokens and their KV caches fit: the memory plan for the
+    device (this machine unless `device`) within `budget`, with as many of the target's layers on a GPU as one
+    stream's plan; fewer streams where that many do not fit; 1 (one Engine, one request at a time) otherwise.
+    Reads headers only."""
     from edgespec.api import plan_for
     from edgespec.backends.model_info import read_model_info
 
+    if tree_width > 1:
+        return 1, "draft trees run one stream at a time"
     target, draft, _ = _resolved(target, draft)
     spec = parse_draft(draft).resolved()
     refused = _one_stream(target, spec)
     if refused:
         return 1, refused
-    unified, cells = _layout(spec, gpu_layers, n_ctx)
+    _, cells = _layout(spec, gpu_layers, n_ctx)
     trained = read_model_info(target).n_ctx_train or 0
     most = min(AUTO_STREAMS, trained // cells) if trained else AUTO_STREAMS
     if most < 2:

@@ -342,7 +342,8 @@ def test_serve_runs_as_many_streams_as_fit_unless_told(monkeypatch):
     for args, streams, why in ((["--draft", "none"], 4, "4 contexts of 2048 tokens"),
                                (["--draft", "ngram", "--ctx", "4096"], 2, "was trained for 8192 tokens"),
                                (["--draft", "none", "--parallel", "3"], 3, ""),
-                               (["--draft", "eagle"], 1, "run one stream at a time")):
+                               (["--draft", "eagle"], 1, "run one stream at a time"),
+                               (["--draft", "eagle", "--tree-width", "2"], 1, "draft trees run one stream at a time")):
         result = CliRunner().invoke(cli.main, ["serve", *args])
         assert result.exit_code == 0, result.output
         assert opened.pop() == streams and why in result.output and opened == []

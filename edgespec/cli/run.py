@@ -156,15 +156,13 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     chosen = ""  # why, where --parallel was left to auto
     if parallel is not None:
         streams = 1 if onnx else parallel
-    elif options["tree_width"] > 1:
-        streams, chosen = 1, "draft trees run one stream at a time"
     else:
         from edgespec.parallel import auto_streams
 
         streams, chosen = auto_streams(target, options["draft"], n_ctx=options["n_ctx"] or 2048,
                                        gpu_layers=options["gpu_layers"], device=options["device"],
                                        budget=options["budget"], kv_type=options["kv_type"],
-                                       profiles=options["profiles"])
+                                       profiles=options["profiles"], tree_width=options["tree_width"])
     status("loading models and measuring draft costs ...")
     executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on
     engine = executor.submit(load_engine).result() if executor else load_engine(streams=streams)
