@@ -134,13 +134,11 @@ class Slots:
         tokens = self.engines[0].prompt_tokens(prompt, chat=chat, **tools) if len(self.engines) > 1 else []
 
         def choose(free: list[int]) -> int:
-            def reuse(slot: int) -> int:
-                return common_prefix(self.engines[slot].target.tokens, tokens)
-
-            best, oldest = max(free, key=reuse), min(free, key=self._used.__getitem__)
+            held = {slot: common_prefix(self.engines[slot].target.tokens, tokens) for slot in free}
+            best, oldest = max(free, key=held.__getitem__), min(free, key=self._used.__getitem__)
             cached = len(self.engines[best].target.tokens)
-            nearer = self.saving and reuse(best) - reuse(oldest) >= GAIN_TOKENS
-            slot = best if cached and (reuse(best) * 2 >= cached or nearer) else oldest
+            nearer = self.saving and held[best] - held[oldest] >= GAIN_TOKENS
+            slot = best if cached and (held[best] * 2 >= cached or nearer) else oldest
             self._used[slot] = max(self._used) + 1
             return slot
 
