@@ -39,8 +39,8 @@ bash .gpu-kit/build.sh llama-bench $([ "${SERVE:-0}" = 1 ] && echo llama-server)
 export PYTHONPATH=/tmp/site:$PWD:/tmp/llama-gpu/llama.cpp/gguf-py
 BIN=/tmp/llama-gpu/build/bin
 # edgespec's C row passes (decode/_rows.c) for this Python: compiled modules are not carried (git ignores them), and
-# without them every law is made by numpy's passes, as in the device checks of 2026-11-26 and -27 (t=1, a 152k row: 155
-# us on a 2-core EPYC against the C passes' 115; the H200's host waited 400 us a token at t=1 with numpy's)
+# without them every law is made by numpy's passes, as in the device checks of 2026-11-26 and -27 (t=0.7, a 152k row:
+# 196 us a token on a 2-core EPYC against the C passes' 106, benchmarks/loop_overhead.py --passes numpy|built)
 log "edgespec's C row passes, built for this Python"
 include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')

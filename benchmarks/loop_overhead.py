@@ -17,7 +17,7 @@ of the vocabulary). Modes:
 Greedy accept rounds keep 4 drafts and a bonus (5 tokens a round); reject rounds emit 1 token a round.
 
 usage: python benchmarks/loop_overhead.py [--vocab 152064 ...] [--sampling top-p ...] [--mode target-only ...]
-       [--rows model|flat] [--tokens 400] [--json]
+       [--rows model|flat] [--tokens 400] [--passes built|numpy] [--json]
 """
 
 from __future__ import annotations
@@ -174,8 +174,15 @@ def main() -> None:
     ap.add_argument("--mode", action="append", choices=MODES, help="default: all")
     ap.add_argument("--rows", choices=("model", "flat"), default="model")
     ap.add_argument("--tokens", type=int, default=400, help="tokens per run (greedy and accept runs: 4x this)")
+    ap.add_argument("--passes", choices=("built", "numpy"), default="built",
+                    help="the row passes: this build's (decode/rows.py kind) or numpy's, what a checkout without the "
+                         "compiled module runs")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()
+    from edgespec.decode import rows
+
+    if args.passes == "numpy":
+        rows._rows = None
     rng = np.random.default_rng(1)
     source = model_rows() if args.rows == "model" else None
     results = []
@@ -201,12 +208,13 @@ def main() -> None:
             value = r["ceiling_tok_s"] if unit == "tok/s" else r["ms_per_round"]
             goals.append({"mode": r["mode"], "sampling": r["sampling"], "unit": unit, "goal": bound,
                           "value": round(value, 3), "met": value >= bound if unit == "tok/s" else value <= bound})
-    report = {"machine": platform.processor() or platform.machine(), "rows": args.rows, "results": results,
-              "goals": goals}
+    report = {"machine": platform.processor() or platform.machine(), "rows": args.rows, "passes": rows.kind(),
+              "results": results, "goals": goals}
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"\n{'V':>7} {'sampling':26s} {'mode':14s} {'us/token':>9} {'ms/round':>9} {'ceiling tok/s':>14}")
+    print(f"\nrow passes: {rows.kind()}")
+    print(f"{'V':>7} {'sampling':26s} {'mode':14s} {'us/token':>9} {'ms/round':>9} {'ceiling tok/s':>14}")
     for r in results:
         print(f"{r['vocab']:>7} {r['sampling']:26s} {r['mode']:14s} {r['us_per_token']:9.1f} "
               f"{r['ms_per_round']:9.3f} {r['ceiling_tok_s']:14.0f}")
