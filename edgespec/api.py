@@ -265,6 +265,20 @@ def resolve_model(model):
     return hub.resolve_gguf(model) if hub.is_hub_name(model) else model
 
 
+def resolve_pair(target, draft) -> tuple[str, str | os.PathLike | None, dict]:
+    """The target's file (the default model's for None; a hub name fetched: resolve_model), the draft ("auto"
+    chosen for that target: choose_draft) and the record of that choice (Engine.draft_choice)."""
+    if target is None:
+        from edgespec.models.default import default_target
+
+        target = default_target()
+    choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
+    if draft == AUTO_DRAFT:
+        choice = {**choose_draft(target), "auto": True}
+        draft = choice.pop("path", choice["draft"])
+    return resolve_model(target), draft, choice
+
+
 def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
              device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
              kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
@@ -345,16 +359,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     from edgespec.plan.planner import DEFAULT_CTX, DRAFT_WINDOWS
     from edgespec.plan.report import refusal
 
-    if target is None:
-        from edgespec.models.default import default_target
-
-        target = default_target()
-    if draft == AUTO_DRAFT:
-        choice = {**choose_draft(target), "auto": True}
-        draft = choice.pop("path", choice["draft"])
-    else:
-        choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
-    target = resolve_model(target)
+    target, draft, choice = resolve_pair(target, draft)
     draft = parse_draft(draft).resolved()
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")

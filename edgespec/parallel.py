@@ -21,12 +21,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgespec.api import CALIBRATION_TEXT, K_MAX, Engine, Result, resolve_model
+from edgespec.api import CALIBRATION_TEXT, K_MAX, Engine, Result, resolve_pair
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
-from edgespec.drafts.auto import AUTO_DRAFT, choose_draft
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
 from edgespec.drafts.spec import model_drafter, parse_draft
 from edgespec.errors import EdgespecError
@@ -46,20 +45,6 @@ def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
         most = max(most, measured[r] if r <= n else measured[n] + step * (r - n))
         costs[r] = most
     return costs
-
-
-def _resolved(target, draft) -> tuple[str, str | None, dict]:
-    """The target's file (the default model's for None), the draft ("auto" chosen for it: choose_draft) and the
-    record of that choice."""
-    if target is None:
-        from edgespec.models.default import default_target
-
-        target = default_target()
-    choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
-    if draft == AUTO_DRAFT:
-        choice = {**choose_draft(target), "auto": True}
-        draft = choice.pop("path", choice["draft"])
-    return resolve_model(target), draft, choice
 
 
 def _one_stream(target: str, spec) -> str | None:
@@ -102,7 +87,7 @@ def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLi
 
     if tree_width > 1:
         return 1, "draft trees run one stream at a time"
-    target, draft, _ = _resolved(target, draft)
+    target, draft, _ = resolve_pair(target, draft)
     spec = parse_draft(draft).resolved()
     refused = _one_stream(target, spec)
     if refused:
@@ -147,7 +132,7 @@ class Parallel:
                  kv_type: str | None = None, profiles: str | os.PathLike | None = None):
         if not 1 <= streams <= MAX_OUTPUTS:
             raise EdgespecError(f"streams must be 1 to {MAX_OUTPUTS} (the sequences a context holds), got {streams}")
-        target, draft, choice = _resolved(target, draft)
+        target, draft, choice = resolve_pair(target, draft)
         self.draft_choice = choice
         spec = parse_draft(draft).resolved()
         refused = _one_stream(target, spec)
