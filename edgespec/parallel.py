@@ -239,9 +239,10 @@ class Parallel:
     def _reprice(self, stream: int, generating: bool) -> None:
         """Price every stream's passes among the streams generating now. A stream that generates alone learns its
         passes' costs as one Engine does (its loop's timings, the host's work of a round included, which passes
-        timed at load leave out: on the reference pair 13 ms a one-token round against 10 ms measured, enough to
-        decline a draft model that one Engine drafts with); once another stream begins or it ends, what it
-        learnt becomes the passes of that many rows in every stream's prices."""
+        timed at load leave out: on the reference pair's server 11-13 ms a one-token round against 10 ms timed,
+        enough to decline a draft model one Engine drafts with: docs/results/2026-11-27-parallel-auto.md); once
+        another stream begins or it ends, what it learnt becomes the passes of that many rows in every stream's
+        prices."""
         with self._lock:
             if len(self._active) == 1:
                 alone = self.engines[next(iter(self._active))].controller
