@@ -132,6 +132,31 @@ def test_a_draft_declined_on_one_hard_text_is_tried_again_on_the_next():
     assert unprimed.alpha == alpha and unprimed.best_k() == 0
 
 
+def test_a_draft_step_fitted_slow_on_one_text_is_timed_again_on_a_later_one():
+    """The step cost is fitted only from rounds that draft: a few slow rounds (a process's first answer) that
+    decline a draft model would fix its price for good. Each new text draws the fit part way back to the step
+    timed at load, so a draft that pays drafts again within a few texts, and one that is slow is declined again
+    within a few rounds of them."""
+    c = DraftController(costs(0.02), 0.1, k_max=8, read_cost=0.05)  # a step: a tenth of a target step
+    c.set_prior(0.8)
+    assert c.begin(10) and c.choose() > 0
+    for _ in range(3):  # three rounds whose steps took a whole target step each
+        c.observe(2, 2, 2 * 1.0, c.target_costs[3])
+    assert c.draft_cost > 0.5 and c.best_k() == 0 and [c.choose() for _ in range(500)] == [0] * 500
+    texts = 0
+    while not (c.begin(10) and c.choose() > 0):
+        texts += 1
+        assert texts < 6
+    assert c.draft_cost < 0.7
+    declined_after = None
+    for rounds in range(1, 20):  # the draft really is that slow now: the fit goes back up
+        c.observe(2, 2, 2 * 1.0, c.target_costs[3])
+        if c.best_k() == 0:
+            declined_after = rounds
+            break
+    assert declined_after is not None and declined_after <= 3
+
+
 def test_a_gated_round_prices_a_draft_step_not_a_kept_token():
     """A gate that ends a chain has paid for the step whose token it did not keep, and prices that step itself
     (DraftGate.keep): the controller's draft cost stays a step's, or a hard text's short chains would read as a

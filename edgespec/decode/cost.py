@@ -193,7 +193,10 @@ class DraftController:
         sums = self._cost_sums
         for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
             sums[i] = COST_DECAY * sums[i] + x
-        n, s, ss, d, sd = sums
+        self._refit_cost()
+
+    def _refit_cost(self) -> None:
+        n, s, ss, d, sd = self._cost_sums
         start0, step0 = self._cost_prior
         a11, a12, a22 = n + COST_PRIOR, s, ss + COST_PRIOR
         r1, r2 = d + COST_PRIOR * start0, sd + COST_PRIOR * step0
@@ -317,12 +320,20 @@ class DraftController:
 
         Acceptance differs from text to text, so a new one first takes the estimate half way back to the prior
         measured at load (where there is one): a draft model declined after one hard answer is never probed on a
-        CPU (see choose), and would otherwise sit out every later text however well it would do there."""
+        CPU (see choose), and would otherwise sit out every later text however well it would do there. The draft's
+        step cost, fitted only from rounds that draft, would stay where the last of them left it in the same way
+        (after a server's first answer, of 10 tokens, the fit held a step at 1.5x its load timing and declined a
+        draft model for all 24 later answers: docs/results/2026-11-27-parallel-auto.md): the fit's rounds keep the
+        same weight, the load timing it is drawn towards the rest."""
         if self.prior is not None:
             self.accepted = NEW_TEXT_KEEP * self.accepted + (1 - NEW_TEXT_KEEP) * self.prior[0]
             self.rejected = NEW_TEXT_KEEP * self.rejected + (1 - NEW_TEXT_KEEP) * self.prior[1]
             self._idle_rounds, self._probe_every, self._last_kept = 0, PROBE_EVERY, True
             self._surveyed = None
+        if self.learn_costs and self._cost_sums[0]:  # the draft's cost fit likewise, towards its load timing
+            self._cost_sums = [NEW_TEXT_KEEP * x for x in self._cost_sums]
+            self._refit_cost()
+            self._surveyed = self._spent = None
         k = self.best_k()
         read = k > 0 and self.read_cost * prompt_tokens <= REPAY_ROUNDS * self.saving(k)
         self._unread = 0 if read else prompt_tokens
