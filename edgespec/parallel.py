@@ -242,13 +242,18 @@ class Parallel:
         timed at load leave out: on the reference pair's server 11-13 ms a one-token round against 10 ms timed,
         enough to decline a draft model one Engine drafts with: docs/results/2026-11-27-parallel-auto.md); once
         another stream begins or it ends, what it learnt becomes the passes of that many rows in every stream's
-        prices."""
+        prices, and its fit of the draft model's step (if it drafts with one) every stream's: without it a client
+        whose requests take each stream in turn (no prompt cache) would leave each controller a quarter of the
+        rounds to fit from."""
         with self._lock:
             if len(self._active) == 1:
                 alone = self.engines[next(iter(self._active))].controller
                 if alone is not None and alone.learn_costs:
                     learnt = {**self._rows_cost, **{n: alone.target_costs[n] for n in range(1, self._k_max + 2)}}
                     self._rows_cost = _rows_costs(learnt, len(learnt))
+                    for engine in self.engines:
+                        if engine.controller is not alone:
+                            engine.controller.take_draft_costs(alone)
             (self._active.add if generating else self._active.discard)(stream)
             costs = self._batch_costs(max(len(self._active), 1))
             for i, engine in enumerate(self.engines):

@@ -149,8 +149,8 @@ def test_each_streams_controller_prices_its_passes_among_the_generating_streams(
 
 def test_a_stream_generating_alone_learns_its_costs_for_every_stream(reference_pair):
     """A stream alone learns its passes' costs from its rounds, as one Engine does (a round's time holds host work
-    that passes timed at load leave out); once another begins, what it learnt prices every stream's passes, and no
-    stream learns from joined passes."""
+    that passes timed at load leave out), and its draft's step; once another begins, what it learnt prices every
+    stream's passes and steps, and no stream learns from joined passes."""
     target, _ = reference_pair
     with Parallel(target, "ngram", streams=2, n_ctx=256, threads=1) as p:
         first, second = (engine.controller for engine in p.engines)
@@ -159,10 +159,13 @@ def test_a_stream_generating_alone_learns_its_costs_for_every_stream(reference_p
         assert first.learn_costs and not second.learn_costs
         for _ in range(20):
             first.observe(0, 0, 0.0, 2 * measured, pass_tokens=1)
+            first.observe(2, 1, 2 * measured, first.target_costs[3])  # draft steps of a pass each
         learnt = first.target_costs[1]
         assert learnt == pytest.approx(2 * measured, rel=0.05)
+        assert first.drafting_cost(2) == pytest.approx(2 * measured, rel=0.05) and second.drafting_cost(2) == 0.0
         p.begin(1)
         assert not first.learn_costs and not second.learn_costs
+        assert second.drafting_cost(2) == first.drafting_cost(2)  # the step fitted alone, every stream's
         assert p._rows_cost[1] == learnt and p._rows_cost[2] >= learnt  # never less for more rows
         second.observe(0, 0, 0.0, 100 * measured, pass_tokens=1)
         assert second.target_costs == first.target_costs  # a joined pass teaches nothing

@@ -376,6 +376,14 @@ class DraftController:
         self._surveyed = None
         self._survey()  # now, while the loop's next pass computes (decode/loop.py), not when the next length is chosen
 
+    def take_draft_costs(self, other: DraftController) -> None:
+        """Price draft steps from here on as `other` learnt them (its fit, rounds and all): a stream among others
+        takes what the one that generated alone fitted (parallel.Parallel), the draft's steps being the device's,
+        not the text's."""
+        self._cost_sums = list(other._cost_sums)
+        self.draft_start, self.draft_cost = other.draft_start, other.draft_cost
+        self._surveyed = self._spent = None
+
     def set_pass_costs(self, costs: dict[int, float]) -> None:
         """Price verify passes by `costs` (n tokens -> seconds) from here on: what a pass of a stream among others
         costs it (parallel.Parallel, with learn_costs off while others generate: a joined pass's time is not this
