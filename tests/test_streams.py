@@ -310,3 +310,27 @@ def test_the_plan_counts_the_cells_a_pool_per_stream_takes(default_gguf, referen
                   budget="4GiB") as p:
         assert p.target.backend.unified == unified
         assert p.plan.target.n_ctx == (768 if unified else 2 * 512)
+
+
+def test_every_decode_runs_on_one_thread_and_its_error_reaches_the_caller():
+    """DECODER runs what any thread hands it on its one thread (llama.cpp's CPU passes slow down once a second
+    thread has decoded); a call from that thread runs in place, and an error raised there is raised to the caller,
+    leaving the thread serving."""
+    from edgespec.backends.llama.streams import DECODER
+
+    ran_on = []
+    callers = [threading.Thread(target=lambda: ran_on.append(DECODER.call(threading.current_thread)))
+               for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert len(set(ran_on)) == 1 and ran_on[0] not in callers and ran_on[0] is not threading.current_thread()
+    assert DECODER.call(lambda: DECODER.call(threading.current_thread)) is ran_on[0]  # nested: in place
+
+    def fails():
+        raise EdgespecError("the context is full")
+
+    with pytest.raises(EdgespecError, match="context is full"):
+        DECODER.call(fails)
+    assert DECODER.call(lambda: 7) == 7 and DECODER.pending == 0

@@ -26,10 +26,10 @@ distributed as target-only decoding of its request, as one stream's is. Every ca
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,28 +54,49 @@ class _DecodeThread:
     llama.cpp's CPU backend runs a pass on an OpenMP team of the calling thread: once a second thread has decoded,
     passes take 1.5x as long on two cores, also back on the first (15 -> 22 ms a pass of the reference target;
     decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-serve-load.md).
-    A stream's thread hands its decode here and waits for it (one hand-over a decode, whatever streams it carries)."""
+    A stream's thread hands its decode here and waits for it (one hand-over a decode, whatever streams it carries).
+    The hand-over is a queue and a lock per call, not an executor's future: 110 us a pass of the reference target
+    with a future (24 us there, 86 back, the cores busy after the pass), what a lone stream paid over one Engine
+    (docs/results/2026-11-27-one-client-streams.md)."""
 
     def __init__(self):
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="edgespec-decode")
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
         self._count = threading.Lock()
         self.pending = 0  # decodes handed over and not done: while there are, a pass waiting for others loses nothing
 
     def call(self, fn):
         if threading.current_thread() is self._thread:
             return fn()
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="edgespec-decode", daemon=True)
+                self._thread.start()
+        done, box = threading.Lock(), []
+        done.acquire()
         with self._count:
             self.pending += 1
         try:
-            return self._executor.submit(self._run, fn).result()
+            self._jobs.put((fn, box, done))
+            done.acquire()  # released once fn has returned or raised
         finally:
             with self._count:
                 self.pending -= 1
+        result, error = box
+        if error is not None:
+            raise error
+        return result
 
-    def _run(self, fn):
-        self._thread = threading.current_thread()
-        return fn()
+    def _serve(self):
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box.extend((fn(), None))
+            except BaseException as error:  # noqa: BLE001 (raised in the caller's thread)
+                box.extend((None, error))
+            finally:
+                done.release()
 
 
 DECODER = _DecodeThread()
@@ -133,7 +154,8 @@ class SharedContext:
             self._cond.notify_all()
 
     def close(self) -> None:
-        self.backend.close()
+        with self._cond:  # not under a decode of a stream still running (every decode holds the lock)
+            self.backend.close()
 
     def _forward(self, stream: StreamBackend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         if not tokens:
