@@ -55,9 +55,10 @@ class _DecodeThread:
     passes take 1.5x as long on two cores, also back on the first (15 -> 22 ms a pass of the reference target;
     decoding from one thread only, it need not be the main one, keeps 15: docs/results/2026-11-27-serve-load.md).
     A stream's thread hands its decode here and waits for it (one hand-over a decode, whatever streams it carries).
-    The hand-over is a queue and a lock per call, not an executor's future: 110 us a pass of the reference target
-    with a future (24 us there, 86 back, the cores busy after the pass), what a lone stream paid over one Engine
-    (docs/results/2026-11-27-one-client-streams.md)."""
+    The hand-over is a queue and a lock per call, not an executor's future: 74-75 us a pass of the reference target
+    against 121-124 with a future (there 11 against 24-26 us, back 63-64 against 97-98 with the cores busy after
+    the pass), what a lone stream pays over one Engine besides its Python (experiments/lone_stream.py,
+    docs/results/2026-11-27-one-client-streams.md)."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
