@@ -24,6 +24,7 @@ from pathlib import Path
 from edgespec.api import CALIBRATION_TEXT, K_MAX, Engine, Result, resolve_pair
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
+from edgespec.backends.model_info import read_model_info
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
@@ -58,6 +59,11 @@ def _one_stream(target: str, spec) -> str | None:
     return None
 
 
+def _past_trained(streams: int, n_ctx: int, name: str, trained: int) -> str:
+    return (f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than {name} was trained for "
+            f"({trained}): ask for fewer streams or a shorter context")
+
+
 def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
     """(whether the streams share one pool of KV cells, the cells each stream's context takes).
 
@@ -83,7 +89,6 @@ def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLi
     stream's plan; fewer streams where that many do not fit; 1 (one Engine, one request at a time) otherwise.
     Reads headers only."""
     from edgespec.api import plan_for
-    from edgespec.backends.model_info import read_model_info
 
     if tree_width > 1:
         return 1, "draft trees run one stream at a time"
@@ -139,6 +144,9 @@ class Parallel:
         if refused:
             raise EdgespecError(refused)
         unified, cells = _layout(spec, gpu_layers, n_ctx)
+        trained = read_model_info(target).n_ctx_train or 0
+        if trained and trained // streams < n_ctx:  # from the header: before any weights load
+            raise EdgespecError(_past_trained(streams, n_ctx, Path(target).name, trained))
         self._own_pass = spec.kind == "lookup" and not unified  # a draft's rows: a pass of their own (_batch_costs)
         layers = placement.parse_gpu_layers(gpu_layers)
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
@@ -169,9 +177,7 @@ class Parallel:
         self.draft = None
         try:
             if self.target.stream(0).n_ctx < n_ctx:  # llama.cpp holds a model to the context it was trained for
-                raise EdgespecError(f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than "
-                                    f"{Path(target).name} was trained for ({self.target.backend.n_ctx}): ask for "
-                                    "fewer streams or a shorter context")
+                raise EdgespecError(_past_trained(streams, n_ctx, Path(target).name, self.target.backend.n_ctx))
             # passes of up to streams + k_max rows: a stream drafting k beside others that send a token each
             self._rows_cost = _rows_costs(measure_pass_costs(self.target.stream(0), min(streams + k_max, MAX_OUTPUTS)),
                                           streams + k_max)

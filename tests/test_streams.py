@@ -69,8 +69,15 @@ def test_one_failing_request_leaves_the_others_answered_and_says_why(default_ggu
     assert again[0].tokens == alone.generate(PROMPTS[1], max_tokens=8, draft_max=0).tokens
 
 
-def test_streams_past_the_trained_context_are_refused(default_gguf):
-    with pytest.raises(EdgespecError, match="4 streams of 4096 tokens need 16384 cells, more than"):
+def test_streams_past_the_trained_context_are_refused_before_loading(default_gguf, monkeypatch):
+    import edgespec.parallel
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded for a context the header refuses")
+
+    monkeypatch.setattr(edgespec.parallel, "LlamaBackend", no_weights)
+    with pytest.raises(EdgespecError, match="4 streams of 4096 tokens need 16384 cells, more than .* trained for "
+                                            r"\(8192\)"):
         Parallel(default_gguf, "none", streams=4, n_ctx=4096, threads=1)
 
 
