@@ -1,6 +1,8 @@
 """Several streams on one llama.cpp context (backends/llama/streams.py, parallel.py), on the real default model:
 each stream's answer is its request's alone, at t=1 too, while the others decode beside it."""
 
+import os
+import signal
 import threading
 import time
 
@@ -341,3 +343,9 @@ def test_every_decode_runs_on_one_thread_and_its_error_reaches_the_caller():
     with pytest.raises(EdgespecError, match="context is full"):
         DECODER.call(fails)
     assert DECODER.call(lambda: 7) == 7 and DECODER.pending == 0
+    child = os.fork()  # a child forked after the thread started starts its own, not waits on the parent's
+    if child == 0:
+        signal.alarm(10)  # a child waiting on the parent's thread would wait for good: killed instead
+        os._exit(0 if DECODER.call(lambda: 7) == 7 else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

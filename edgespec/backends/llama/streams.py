@@ -26,6 +26,7 @@ distributed as target-only decoding of its request, as one stream's is. Every ca
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -61,6 +62,10 @@ class _DecodeThread:
     docs/results/2026-11-27-one-client-streams.md)."""
 
     def __init__(self):
+        self._fresh()
+        os.register_at_fork(after_in_child=self._fresh)  # a forked child has no decode thread: it starts its own
+
+    def _fresh(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
