@@ -323,8 +323,8 @@ def test_the_plan_counts_the_cells_a_pool_per_stream_takes(default_gguf, referen
 
 def test_every_decode_runs_on_one_thread_and_its_error_reaches_the_caller():
     """DECODER runs what any thread hands it on its one thread (llama.cpp's CPU passes slow down once a second
-    thread has decoded); a call from that thread runs in place, and an error raised there is raised to the caller,
-    leaving the thread serving."""
+    thread has decoded); a call from that thread runs in place, an error raised there is raised to the caller,
+    leaving the thread serving, and a child forked after the thread started starts one of its own."""
     from edgespec.backends.llama.streams import DECODER
 
     ran_on = []
