@@ -21,7 +21,8 @@ from edgespec.backends.model_info import read_model_info
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
 from edgespec.backends.open import is_onnx, open_model
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend
-from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.calibrate import agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Event, Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.text import render_chat

@@ -26,7 +26,7 @@ import numpy as np
 
 from edgespec import __version__
 from edgespec.decode import rows
-from edgespec.decode.cost import measure_pass_costs
+from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.decode.laws import law
 from edgespec.decode.rule import Rows, verify
 from edgespec.decode.sampling import SamplingParams, to_probs

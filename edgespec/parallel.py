@@ -26,7 +26,8 @@ from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.model_info import read_model_info
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.decode.cost import DraftController, agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.calibrate import agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
 from edgespec.drafts.spec import model_drafter, parse_draft
 from edgespec.errors import EdgespecError

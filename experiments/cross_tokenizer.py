@@ -38,7 +38,8 @@ def main() -> None:
     from edgespec import api
     from edgespec.backends.open import open_model
     from edgespec.bench import read_prompts
-    from edgespec.decode.cost import DraftController, agreement, measure_pass_costs
+    from edgespec.decode.calibrate import agreement, measure_pass_costs
+    from edgespec.decode.cost import DraftController
     from edgespec.drafts.cross import CrossDrafter
     from edgespec.drafts.spec import model_drafter
 

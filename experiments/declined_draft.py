@@ -41,7 +41,7 @@ def spread(values: list[float]) -> str:
 def raw_passes(target: str, draft: str, n: int, reps: int, threads: int, gpu_layers: int) -> dict[str, list[float]]:
     """Seconds per one-token target pass, per repetition, without and with a draft model loaded (and just run)."""
     from edgespec.backends.llama.backend import LlamaBackend
-    from edgespec.decode.cost import measure_pass_costs
+    from edgespec.decode.calibrate import measure_pass_costs
 
     backend = LlamaBackend(target, n_ctx=1024, n_threads=threads, n_gpu_layers=gpu_layers)
     tokens = [(i * 7919 + 13) % backend.vocab.n_vocab for i in range(n + 1)]

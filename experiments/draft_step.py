@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
 from edgespec.backends.open import open_model
-from edgespec.decode.cost import measure_pass_costs
+from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.drafts.spec import open_drafter
 
 CONTEXT = 64  # tokens in both caches before timing: a short answer's worth

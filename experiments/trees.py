@@ -16,7 +16,7 @@ import json
 from edgespec.api import load
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.bench import format_comparison, read_prompts, run_bench
-from edgespec.decode.cost import measure_pass_costs
+from edgespec.decode.calibrate import measure_pass_costs
 
 
 def main() -> None:

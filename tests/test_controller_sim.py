@@ -14,7 +14,8 @@ from edgespec.backends.sim import (
     pass_seconds,
     simulate,
 )
-from edgespec.decode.cost import DraftController, measure_pass_costs, measure_read_cost
+from edgespec.decode.calibrate import measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter

@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.decode.cost import (
     BIN_DECAY,
     CONFIDENCE_BINS,
@@ -12,7 +13,6 @@ from edgespec.decode.cost import (
     REPAY_ROUNDS,
     DraftController,
     expected_tokens,
-    measure_pass_costs,
 )
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
-from edgespec.decode.cost import DraftController, measure_pass_costs, measure_read_cost
+from edgespec.decode.calibrate import measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings

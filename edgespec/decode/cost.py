@@ -1,15 +1,15 @@
 """How far to draft, from costs measured on this device and acceptance measured on this text.
 
-Per round with k draft tokens, each accepted independently with probability alpha, the expected
-number of tokens emitted is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1), and the
-round costs k draft steps plus one target pass over k+1 tokens. The controller picks the k in
-[0, k_max] with the most expected tokens per second; k = 0 is plain target decoding. Costs start from
-a calibration at load and follow what every round measures; alpha is a decayed running estimate. Guesses come
-right in runs where text repeats itself (prompt lookup most of all), so the round's first draft is kept with the
-acceptance measured after guesses like the last one judged (kept or not), and each further one with the acceptance
-measured after a kept guess; with independent acceptance both are alpha and this is eq. 1. A draft model
-that sat rounds out reads the text it skipped before it drafts again, at `read_cost` a token (measured at load):
-the controller weighs that reading before it resumes drafting, probes, or has a prompt read at prefill.
+Per round with k draft tokens, each accepted independently with probability alpha, the expected number of tokens
+emitted is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1), and the round costs k draft steps plus
+one target pass over k+1 tokens. The controller picks the k in [0, k_max] with the most expected tokens per
+second; k = 0 is plain target decoding. Costs start from a calibration at load (decode/calibrate.py) and follow
+what every round measures; alpha is a decayed running estimate. Guesses come right in runs where text repeats
+itself (prompt lookup most of all), so the round's first draft is kept with the acceptance measured after guesses
+like the last one judged (kept or not), and each further one with the acceptance measured after a kept guess;
+with independent acceptance both are alpha and this is eq. 1. A draft model that sat rounds out reads the text it
+skipped before it drafts again, at `read_cost` a token (measured at load): the controller weighs that reading
+before it resumes drafting, probes, or has a prompt read at prefill.
 
 A round's drafting costs a start and a step per draft, `draft_start + k * draft_cost`, fitted to every drafting
 round's time and steps. The first step of a round costs more than the next ones: it reads what the last pass kept,
@@ -29,11 +29,7 @@ business, decided before the target is consulted, so the output law is untouched
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend, forward_rows
 
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
@@ -58,54 +54,41 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def agreement(target: Backend, draft: Backend, tokens: list[int]) -> float:
-    """Fraction of positions of `tokens` where both models' greedy choices agree (teacher-forced).
+@dataclass
+class StepFit:
+    """A drafting round's cost as `start + steps * step`, fitted to the rounds seen: least squares over sums decayed
+    by COST_DECAY a round, drawn towards `prior` (start, step as timed at load) by COST_PRIOR pseudo-rounds, so rounds
+    that all take the same steps still give both. Neither part is negative."""
 
-    A prior for the acceptance rate before any round has run; both caches are left empty.
-    """
-    agree = 0
-    tokens = tokens[:min(target.n_ctx, draft.n_ctx)]
-    for backend in (target, draft):
-        backend.rollback(0)
-    for target_rows, draft_rows in zip(forward_rows(target, tokens), forward_rows(draft, tokens), strict=True):
-        agree += int((target_rows.argmax(axis=1) == draft_rows.argmax(axis=1)).sum())
-    for backend in (target, draft):
-        backend.rollback(0)
-    n = len(tokens)
-    return agree / n if n else 0.5
+    prior: tuple[float, float]
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed (1, s, s^2, d, s * d): s steps, d seconds
 
+    def add(self, steps: int, seconds: float) -> tuple[float, float]:
+        """One drafting round of `steps` steps taking `seconds`: the (start, step) fitted now."""
+        for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
+            self.sums[i] = COST_DECAY * self.sums[i] + x
+        return self.solve()
 
-def measure_pass_costs(backend: Backend, n_max: int, reps: int = 3, context: int = 32,
-                       clock: Callable[[], float] = time.perf_counter,
-                       lengths: Sequence[int] | None = None) -> dict[int, float]:
-    """Seconds for one forward of n tokens with n logits rows, n = 1..n_max (or each n of `lengths`), after
-    `context` tokens, by `clock`.
+    def fade(self, keep: float) -> tuple[float, float] | None:
+        """The rounds seen keep `keep` of their weight, the prior the rest: the (start, step) fitted now (None
+        where no round was seen: the prior stands)."""
+        if not self.sums[0]:
+            return None
+        self.sums = [keep * x for x in self.sums]
+        return self.solve()
 
-    The cache is left empty. Takes the median of `reps` timings per n, after one warm-up pass.
-    """
-    n_vocab = backend.vocab.n_vocab
-    filler = [(i * 7919 + 13) % n_vocab for i in range(context + n_max)]
-    backend.rollback(0)
-    backend.forward(filler[:context], 1)
-    costs = {}
-    for n in lengths or range(1, n_max + 1):
-        times = []
-        for _ in range(reps + 1):
-            t0 = clock()
-            backend.forward(filler[context:context + n], n, copy=False)  # as the loop reads its rows
-            times.append(clock() - t0)
-            backend.rollback(context)
-        costs[n] = sorted(times[1:])[len(times[1:]) // 2]
-    backend.rollback(0)
-    return costs
-
-
-def measure_read_cost(draft: Backend, n: int = MAX_OUTPUTS, reps: int = 3,
-                      clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds a draft model takes per token of text it skipped, read in one pass before it drafts again: what a
-    pass of n tokens costs over a pass of 1, per token (DraftController.read_cost)."""
-    costs = measure_pass_costs(draft, n, reps, clock=clock, lengths=(1, n))
-    return max(costs[n] - costs[1], 0.0) / (n - 1)
+    def solve(self) -> tuple[float, float]:
+        n, s, ss, d, sd = self.sums
+        start0, step0 = self.prior
+        a11, a12, a22 = n + COST_PRIOR, s, ss + COST_PRIOR
+        r1, r2 = d + COST_PRIOR * start0, sd + COST_PRIOR * step0
+        det = a11 * a22 - a12 * a12  # > 0: n * ss >= s * s, and the prior adds to both
+        start, step = (a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
+        if start < 0:  # neither part can be negative: fit the other alone
+            return 0.0, r2 / a22
+        if step < 0:
+            return r1 / a11, 0.0
+        return start, step
 
 
 @dataclass
@@ -138,13 +121,11 @@ class DraftController:
     after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
     after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _last_kept: bool = field(default=True, repr=False)
-    # the cost fit: decayed sums over drafting rounds of (1, s, s^2, d, s * d), s steps taking d seconds
-    _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
     _spent: tuple | None = field(default=None, repr=False, compare=False)  # _spending's answer
 
     def __post_init__(self):
-        self._cost_prior = (self.draft_start, self.draft_cost)  # what the fit is drawn towards: as measured at load
+        self._steps = StepFit((self.draft_start, self.draft_cost))  # the draft's step costs, drawn towards load's
 
     @property
     def alpha(self) -> float:
@@ -188,25 +169,8 @@ class DraftController:
         return self.drafting_cost(k) + self.verify_cost(k + 1)
 
     def _fit_cost(self, steps: int, seconds: float) -> None:
-        """Refit draft_start and draft_cost to the drafting rounds seen (decayed least squares, drawn towards
-        the prior by COST_PRIOR pseudo-rounds so rounds that all take the same steps still give both)."""
-        sums = self._cost_sums
-        for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
-            sums[i] = COST_DECAY * sums[i] + x
-        self._refit_cost()
-
-    def _refit_cost(self) -> None:
-        n, s, ss, d, sd = self._cost_sums
-        start0, step0 = self._cost_prior
-        a11, a12, a22 = n + COST_PRIOR, s, ss + COST_PRIOR
-        r1, r2 = d + COST_PRIOR * start0, sd + COST_PRIOR * step0
-        det = a11 * a22 - a12 * a12  # > 0: n * ss >= s * s, and the prior adds to both
-        start, step = (a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
-        if start < 0:  # neither part can be negative: fit the other alone
-            start, step = 0.0, r2 / a22
-        elif step < 0:
-            start, step = r1 / a11, 0.0
-        self.draft_start, self.draft_cost = start, step
+        """Refit draft_start and draft_cost to the drafting rounds seen (StepFit)."""
+        self.draft_start, self.draft_cost = self._steps.add(steps, seconds)
 
     def acceptance_at(self, confidence: float) -> float:
         """The calibrated chance that a draft token drafted with this confidence is accepted (given the
@@ -330,9 +294,9 @@ class DraftController:
             self.rejected = NEW_TEXT_KEEP * self.rejected + (1 - NEW_TEXT_KEEP) * self.prior[1]
             self._idle_rounds, self._probe_every, self._last_kept = 0, PROBE_EVERY, True
             self._surveyed = None
-        if self.learn_costs and self._cost_sums[0]:  # the draft's cost fit likewise, towards its load timing
-            self._cost_sums = [NEW_TEXT_KEEP * x for x in self._cost_sums]
-            self._refit_cost()
+        fitted = self._steps.fade(NEW_TEXT_KEEP) if self.learn_costs else None  # the step cost likewise
+        if fitted is not None:
+            self.draft_start, self.draft_cost = fitted
             self._surveyed = self._spent = None
         k = self.best_k()
         read = k > 0 and self.read_cost * prompt_tokens <= REPAY_ROUNDS * self.saving(k)
@@ -380,7 +344,7 @@ class DraftController:
         """Price draft steps from here on as `other` learnt them (its fit, rounds and all): a stream among others
         takes what the one that generated alone fitted (parallel.Parallel), the draft's steps being the device's,
         not the text's."""
-        self._cost_sums = list(other._cost_sums)
+        self._steps = StepFit(other._steps.prior, list(other._steps.sums))
         self.draft_start, self.draft_cost = other.draft_start, other.draft_cost
         self._surveyed = self._spent = None
 

@@ -87,7 +87,7 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
     from edgespec.backends.model_info import read_model_info
     from edgespec.backends.open import open_model
-    from edgespec.decode.cost import measure_pass_costs
+    from edgespec.decode.calibrate import measure_pass_costs
     from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
     from edgespec.drafts.subset import SubsetDraft
     from edgespec.plan.planner import DRAFT_WINDOWS

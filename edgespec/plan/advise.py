@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.decode.cost import measure_pass_costs
+from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.decode.sampling import SamplingParams
 
 # calibration and costs live in plan/calibration.py and plan/costs.py; the names tests and the CLI reach
