@@ -60,11 +60,6 @@ def _one_stream(target: str, spec) -> str | None:
     return None
 
 
-def _past_trained(streams: int, n_ctx: int, name: str, trained: int) -> str:
-    return (f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than {name} was trained for "
-            f"({trained}): ask for fewer streams or a shorter context")
-
-
 def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
     """(whether the streams share one pool of KV cells, the cells each stream's context takes).
 
@@ -146,8 +141,10 @@ class Parallel:
             raise EdgespecError(refused)
         unified, cells = _layout(spec, gpu_layers, n_ctx)
         trained = read_model_info(target).n_ctx_train or 0
-        if trained and trained // streams < n_ctx:  # from the header: before any weights load
-            raise EdgespecError(_past_trained(streams, n_ctx, Path(target).name, trained))
+        if trained and trained // streams < n_ctx:  # llama.cpp holds a model to it; read before any weights load
+            raise EdgespecError(f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than "
+                                f"{Path(target).name} was trained for ({trained}): ask for fewer streams or a "
+                                "shorter context")
         self._own_pass = spec.kind == "lookup" and not unified  # a draft's rows: a pass of their own (_batch_costs)
         layers = placement.parse_gpu_layers(gpu_layers)
         settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
@@ -177,8 +174,6 @@ class Parallel:
         self.target = shared(target, n_ctx, settings)
         self.draft = None
         try:
-            if self.target.stream(0).n_ctx < n_ctx:  # llama.cpp holds a model to the context it was trained for
-                raise EdgespecError(_past_trained(streams, n_ctx, Path(target).name, self.target.backend.n_ctx))
             # passes of up to streams + k_max rows: a stream drafting k beside others that send a token each
             self._rows_cost = _rows_costs(measure_pass_costs(self.target.stream(0), min(streams + k_max, MAX_OUTPUTS)),
                                           streams + k_max)
