@@ -75,10 +75,11 @@ class _DecodeThread:
     def call(self, fn):
         if threading.current_thread() is self._thread:
             return fn()
-        with self._start:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="edgespec-decode", daemon=True)
-                self._thread.start()
+        if self._thread is None:  # the first call starts the thread (the lock: one, whichever threads call)
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._serve, name="edgespec-decode", daemon=True)
+                    self._thread.start()
         done, box = threading.Lock(), []
         done.acquire()
         with self._count:
