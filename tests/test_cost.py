@@ -136,21 +136,28 @@ def test_a_draft_step_fitted_slow_on_one_text_is_timed_again_on_a_later_one():
     """The step cost is fitted only from rounds that draft: a few slow rounds (a process's first answer) that
     decline a draft model would fix its price for good. Each new text draws the fit part way back to the step
     timed at load, so a draft that pays drafts again within a few texts, and one that is slow is declined again
-    within a few rounds of them."""
-    c = DraftController(costs(0.02), 0.1, k_max=8, read_cost=0.05)  # a step: a tenth of a target step
+    within a few rounds of them. No clock here: the rounds' seconds are handed to the controller, in units of a
+    one-token target pass (costs(...))."""
+    load_step, slow_step = 0.1, 1.0  # a step as timed at load, and as the slow rounds took it
+    c = DraftController(costs(0.02), load_step, k_max=8, read_cost=0.05)
     c.set_prior(0.8)
     assert c.begin(10) and c.choose() > 0
-    for _ in range(3):  # three rounds whose steps took a whole target step each
-        c.observe(2, 2, 2 * 1.0, c.target_costs[3])
-    assert c.draft_cost > 0.5 and c.best_k() == 0 and [c.choose() for _ in range(500)] == [0] * 500
+
+    def slow_round():
+        c.observe(2, 2, 2 * slow_step, c.target_costs[3])
+
+    for _ in range(3):
+        slow_round()
+    assert c.draft_cost > (load_step + slow_step) / 2  # fitted most of the way to the slow step
+    assert c.best_k() == 0 and [c.choose() for _ in range(500)] == [0] * 500  # declined, and no probe comes
     texts = 0
     while not (c.begin(10) and c.choose() > 0):
         texts += 1
         assert texts < 6
-    assert c.draft_cost < 0.7
+    assert c.draft_cost < 0.7 * slow_step  # drawn back towards load_step
     declined_after = None
     for rounds in range(1, 20):  # the draft really is that slow now: the fit goes back up
-        c.observe(2, 2, 2 * 1.0, c.target_costs[3])
+        slow_round()
         if c.best_k() == 0:
             declined_after = rounds
             break
