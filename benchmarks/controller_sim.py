@@ -63,6 +63,22 @@ DEVICES = {d.name: d for d in (
     # Apple M1 Pro, llama 13B Q4_0, llama.cpp Metal, pp1..pp4 after the mat-vec kernels for batches <= 4
     # (github.com/ggml-org/llama.cpp/pull/10491); the draft: llama 1B Q4_0 from the same table (pp1 140.13 t/s);
     # skipped text read at 1.5k tokens/s and a head step at a tenth of a target step, assumed.
+    # this CPU (2-core AMD EPYC), SmolLM2-135M widened with zero weights (models/widen.py, make big-pair) to a
+    # 2B-class f16 and a 7B-class Q8_0 target: the issue's pass costs (n rows over one row, median of 4: 2B 1.54,
+    # 2.05, 2.56, 2.69 at 2, 4, 8, 12 rows of 101 ms; 7B 1.62, 2.42, 3.24 at 2, 4, 8 of 214 ms); the f32 target's
+    # Q4_0 as the draft, 6 ms a step, skipped text read as cpu-f32's; a head step at 0.05 of a pass, assumed.
+    Device("cpu-2b-f16-widened", ms({1: 101.0, 2: 155.5, 4: 207.1, 8: 258.6, 12: 271.7}), draft_step=6e-3,
+           draft_read=3.6e-3, head_token=5.05e-3, source="issue 56 figures (2-core AMD EPYC, widened 2B f16)"),
+    Device("cpu-7b-q8_0-widened", ms({1: 214.0, 2: 346.7, 4: 517.9, 8: 693.4}), draft_step=6e-3,
+           draft_read=3.6e-3, head_token=10.7e-3, source="issue 56 figures (2-core AMD EPYC, widened 7B Q8_0)"),
+    # an H200, Qwen2.5-1.5B's widths at f16 with 152k ids (random weights), every pass length 1-16 measured
+    # (docs/results/2026-11-27-h200/run1/pass-costs.json), the 135M draft's passes likewise (a step 1.49 ms, 0.56
+    # of a target pass: launch-bound); a head step at 0.05 of a target pass, assumed (a one-layer head)
+    Device("h200-1.5b-f16", ms({1: 2.673, 2: 3.261, 3: 3.457, 4: 3.455, 5: 3.574, 6: 3.622, 7: 3.675, 8: 3.722,
+                                9: 3.86, 10: 3.879, 11: 4.185, 12: 4.201, 13: 4.218, 14: 4.284, 15: 4.271,
+                                16: 4.333}),
+           draft_step=1.495e-3, draft_read=(2.463e-3 - 1.495e-3) / 15, head_token=0.134e-3,
+           source="docs/results/2026-11-27-h200/run1/pass-costs.json"),
     Device("m1pro-13b-q4_0", per_token_ms({1: 21.24, 2: 23.90, 3: 25.05, 4: 25.55}), draft_step=1 / 140.13,
            draft_read=0.67e-3, head_token=4.7e-3, source="llama.cpp PR 10491 (M1 Pro, llama 13B and 1B Q4_0)"),
 )}

@@ -10,6 +10,7 @@ from edgespec.decode.cost import (
     PROBE_EVERY,
     PROBE_MAX,
     PROBE_READ_MAX,
+    EXPLORE_EVIDENCE,
     REPAY_ROUNDS,
     DraftController,
     expected_tokens,
@@ -337,7 +338,54 @@ def test_the_kept_survey_is_the_one_made_afresh_after_any_run_of_events():
         fresh = DraftController(dict(c.target_costs), c.draft_cost, c.k_max, read_cost=c.read_cost,
                                 draft_start=c.draft_start, accepted=c.accepted, rejected=c.rejected,
                                 after_kept=list(c.after_kept), after_rejected=list(c.after_rejected))
-        fresh._last_kept = c._last_kept
+        fresh._last_kept, fresh._last_judged_now = c._last_kept, c._last_judged_now
         assert c._survey() == fresh._survey()
         n = rng.randint(0, 8)
         assert c.best_up_to(n) == fresh.best_up_to(n) and c.could_pay() == fresh.could_pay()
+
+
+def test_a_rejection_followed_by_rounds_sat_out_does_not_decline_a_draft_model_for_the_rest_of_the_text():
+    """The first guess after a rejection is priced as one (guesses come right in runs); once rounds were sat out
+    with nothing judged, it is priced at the acceptance of any guess. An H200's 135M draft (a step 0.56 of a pass)
+    at acceptance 0.9 pays after a kept guess and overall, not right after a rejection: priced so for good, it
+    sat out 225 of 237 rounds of a text (benchmarks/controller_sim.py, h200-1.5b-f16)."""
+    c = DraftController({n: 1.0 + 0.05 * (n - 1) for n in range(1, 10)}, draft_cost=0.56, k_max=8)
+    c.set_prior(0.9)
+    c.begin(0)
+    c.after_kept, c.after_rejected = [19.0, 20.0], [3.0, 10.0]  # 0.95 after a kept guess, 0.3 after a rejected one
+    assert c.choose() > 0
+    c.observe(3, 0, 1.68, c.verify_cost(4))  # rejected at the first draft
+    assert c.choose() == 0  # right after a rejection: the next guess is likely wrong too
+    c.observe(0, 0, 0.0, c.verify_cost(1))  # a round sat out, nothing judged
+    assert c.choose() > 0
+
+
+def test_the_gate_looks_past_a_dear_first_row_to_the_chain_that_repays_it():
+    """Where a pass of 2 rows costs almost what 9 do (a kernel for one row, another for several: 1.95x one row, then
+    0.02 a row), one more token at acceptance 0.9 does not repay the second row (1.9 / 1.98 < 1 / 1.03), a chain
+    of 8 does (6.1 tokens for 2.3 passes): the gate keeps going where the chain it leads to pays, not only the next
+    token. A token at 0.4 repays no chain."""
+    c = DraftController({1: 1.0, **{n: 1.95 + 0.02 * (n - 2) for n in range(2, 10)}}, 0.03, k_max=8)
+    c.bin_accepted = [100 * 0.9] * CONFIDENCE_BINS
+    c.bin_rejected = [100 * 0.1] * CONFIDENCE_BINS
+    gate = c.gate()
+    kept = 0
+    while kept < 8 and gate.keep(0.95) and gate.go_on():
+        kept += 1
+    assert kept >= 6  # chains of 6-8 are the best for these costs (plan/bound.py)
+    c.bin_accepted = [100 * 0.4] * CONFIDENCE_BINS
+    c.bin_rejected = [100 * 0.6] * CONFIDENCE_BINS
+    assert not c.gate().keep(0.95)
+
+
+def test_the_gate_explores_a_confidence_it_has_never_seen_judged():
+    """A calibration that says no to a confidence before any token of it was judged would never learn otherwise:
+    the round's first token is kept while its bin has judged fewer than EXPLORE_EVIDENCE, and declined once the
+    judged ones say it does not pay."""
+    c = DraftController(costs(0.5), 0.01, k_max=8)  # a row costs half a pass: a token at the prior 0.55 does not pay
+    assert c.unexplored(0.5) and c.gate().keep(0.5)
+    gate = c.gate()
+    gate.confidences = [0.5]
+    for _ in range(int(EXPLORE_EVIDENCE) + 1):
+        c.observe_gate(gate, n_drafted=1, n_accepted=0)
+    assert not c.unexplored(0.5) and not c.gate().keep(0.5)

@@ -42,6 +42,7 @@ REPAY_ROUNDS = 64  # drafting resumes after idle rounds only if it repays the dr
 CONFIDENCE_BINS = 10  # the gate's calibration: acceptance per tenth of the draft's confidence
 BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's confidence
 BIN_DECAY = 0.99  # per token observed in a bin
+EXPLORE_EVIDENCE = 4.0  # tokens judged in a confidence bin before the gate may drop a round's first token there
 STREAK_PRIOR = 4.0  # pseudo-tokens behind the acceptance after a kept or a rejected guess, at alpha
 COST_DECAY = 0.95  # per drafting round: the draft's timings older than ~20 rounds fade from its cost fit
 COST_PRIOR = 0.25  # pseudo-rounds behind the cost's start (0) and step (as measured at load) in that fit
@@ -121,6 +122,7 @@ class DraftController:
     after_kept: list[float] = field(default_factory=lambda: [0.0, 0.0])
     after_rejected: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _last_kept: bool = field(default=True, repr=False)
+    _last_judged_now: bool = field(default=True, repr=False)  # the last round judged a guess (else _last_kept is old)
     _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
     _spent: tuple | None = field(default=None, repr=False, compare=False)  # _spending's answer
 
@@ -139,8 +141,17 @@ class DraftController:
         guesses like the last one judged, each further one with the acceptance that follows a kept guess."""
         if k == 0:
             return 1.0
-        first = self._after(self.after_kept if self._last_kept else self.after_rejected)
-        return 1.0 + first * expected_tokens(self._after(self.after_kept), k - 1)
+        return 1.0 + self._first() * expected_tokens(self._after(self.after_kept), k - 1)
+
+    def _first(self) -> float:
+        """The acceptance of a round's first guess: as after guesses like the last one judged, where that was in the
+        round just before; else (rounds sat out since, nothing judged in them) the acceptance of any guess. A rejection
+        followed by rounds a draft model sits out would otherwise price its next first guess as one right after a
+        rejection for the rest of the text, and keep it declined (an H200's 135M draft at 0.56 of a pass, acceptance
+        0.9: 12 of 237 rounds drafting, benchmarks/controller_sim.py, h200-1.5b-f16)."""
+        if not self._last_judged_now:
+            return self.alpha
+        return self._after(self.after_kept if self._last_kept else self.after_rejected)
 
     def _judged(self, kept: float) -> None:
         """One guess judged (kept: 1, rejected: 0, a shadow score: the target's chance of keeping it)."""
@@ -148,6 +159,7 @@ class DraftController:
         counts[0] = DECAY * counts[0] + kept
         counts[1] = DECAY * counts[1] + 1.0
         self._last_kept = kept >= 0.5
+        self._last_judged_now = True
 
     def verify_cost(self, n: int) -> float:
         """Seconds for a verify pass over n tokens (more than were measured: the widest known, scaled)."""
@@ -177,6 +189,11 @@ class DraftController:
         tokens before it were)."""
         b = _bin(confidence)
         return self.bin_accepted[b] / (self.bin_accepted[b] + self.bin_rejected[b])
+
+    def unexplored(self, confidence: float) -> bool:
+        """Has the gate's calibration judged fewer than EXPLORE_EVIDENCE tokens in this confidence's bin?"""
+        b = _bin(confidence)
+        return self.bin_accepted[b] + self.bin_rejected[b] < BIN_PRIOR + EXPLORE_EVIDENCE
 
     def gate(self) -> DraftGate:
         """A fresh gate for one round's chain; a probe's keeps its first token whatever the calibration says
@@ -237,7 +254,7 @@ class DraftController:
         if self._surveyed is not None and self._surveyed[0] == key:
             return self._surveyed[1]
         spent, pay = self._spent or self._spending()
-        first = self._after(self.after_kept if self._last_kept else self.after_rejected)
+        first = self._first()
         kept = self._after(self.after_kept)
         best, holds = 0, [float("inf")]
         tokens, gain = 1.0, first  # expected(k) = 1 + first * (1 + kept + ... + kept^(k-1)), summed as k grows
@@ -368,6 +385,9 @@ class DraftController:
             self.target_costs[n] = (1 - EMA) * old + EMA * target_s
         if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
             self._surveyed = self._spent = None
+        if not n_drafted and self._last_judged_now:  # a round that judged no guess (a shadow score may follow)
+            self._last_judged_now = False
+            self._surveyed = None
         if n_drafted:
             if self.learn_costs:
                 self._fit_cost(draft_steps or n_drafted, draft_s)
@@ -386,10 +406,15 @@ class DraftGate:
     of each token it has drawn (False ends the chain before it) and `go_on()` before it pays for the next
     draft step (False ends the chain after the tokens kept).
 
-    Both keep the round's expected tokens per second rising: with s the chance that every kept token is
-    accepted and a a token's calibrated acceptance, a token adds s * a expected tokens. Keeping a drawn one
-    costs a verify row (its draft step is spent either way); another step costs a draft step and a row, and
-    its acceptance is guessed from the last token's (confidence runs in stretches)."""
+    Both compare the round's expected tokens per second if the chain ended now with the best it could reach by
+    going on: with s the chance that every kept token is accepted and a a token's calibrated acceptance, a token
+    adds s * a expected tokens; keeping a drawn one costs a verify row (its draft step is spent either way),
+    another step a draft step and a row, and the acceptance of tokens not drawn yet is guessed from the last
+    one's (confidence runs in stretches). Looking ahead to the whole chain, not one token, matters where the first
+    extra verify row is dear and later ones cheap (a CPU's 7B-class pass: 2 rows 1.62x one row, 8 rows 3.24x): one
+    more token never pays there, five more do. A round's first token is kept whatever the calibration says on a
+    probe, and where its confidence falls in a bin that has judged fewer than EXPLORE_EVIDENCE tokens: a
+    calibration that says no would otherwise never see a token judged, and never learn otherwise."""
 
     def __init__(self, controller: DraftController, keep_first: bool = False):
         self.controller, self.keep_first = controller, keep_first
@@ -401,10 +426,11 @@ class DraftGate:
     def keep(self, confidence: float) -> bool:
         self.steps += 1
         c, n = self.controller, len(self.confidences)
-        gain = self.survival * c.acceptance_at(confidence)
-        spent = c.drafting_cost(n + 1)  # the steps so far, this token's included
-        pays = (self.expected + gain) / (spent + c.verify_cost(n + 2)) > self.expected / (spent + c.verify_cost(n + 1))
-        if not (pays or self.keep_first and n == 0):
+        acceptance = c.acceptance_at(confidence)
+        gain = self.survival * acceptance
+        stop = self.expected / (c.drafting_cost(n + 1) + c.verify_cost(n + 1))  # its step spent, its row saved
+        first = n == 0 and (self.keep_first or c.unexplored(confidence))
+        if not (first or self._best_going_on(gain, acceptance) > stop):
             return False
         self.confidences.append(confidence)
         self.survival = gain
@@ -415,5 +441,16 @@ class DraftGate:
         c, n = self.controller, len(self.confidences)
         if not n:
             return False
-        gain = self.survival * c.acceptance_at(self.confidences[-1])
-        return (self.expected + gain) / c.chain_cost(n + 1) > self.expected / c.chain_cost(n)
+        acceptance = c.acceptance_at(self.confidences[-1])
+        return self._best_going_on(self.survival * acceptance, acceptance) > self.expected / c.chain_cost(n)
+
+    def _best_going_on(self, gain: float, acceptance: float) -> float:
+        """The best expected tokens per second of the chains that keep one token more than now (adding gain) and
+        then any number more up to k_max, each accepted with `acceptance` once those before it were."""
+        c = self.controller
+        best, tokens = 0.0, self.expected
+        for m in range(len(self.confidences) + 1, c.k_max + 1):  # m kept tokens in all
+            tokens += gain
+            best = max(best, tokens / c.chain_cost(m))
+            gain *= acceptance
+        return best
