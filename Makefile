@@ -1,4 +1,4 @@
-# make install | chat | test | bench | bench-host | bench-peers | pair | qat-draft | qat-draft-all | lint        (see README.md)
+# make install | chat | test | bench | bench-host | bench-peers | pair | big-pair | qat-draft | qat-draft-all | lint        (see README.md)
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
@@ -23,7 +23,7 @@ export CMAKE_ARGS := $(strip $(if $(findstring GGML_NATIVE,$(CMAKE_ARGS)),,-DGGM
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS) $(GPU)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench bench-pair bench-memory bench-host bench-peers pair qat-draft qat-draft-all lint clean
+.PHONY: install chat test bench bench-pair bench-memory bench-host bench-peers pair big-pair qat-draft qat-draft-all lint clean
 
 install: $(STAMP)
 
@@ -87,6 +87,19 @@ $(QAT_DRAFT_ALL): | qat-draft
 	$(VENV)/bin/edgespec distill --target $(dir $(PAIR))target-f32.gguf --source $(PAIR_DIR)/smollm2-135m-instruct-hf \
 		--prompts $(PAIR_DIR)/rest-prompts.jsonl --only-prompts --also-corpus $(QAT_DRAFT:.gguf=.corpus) \
 		--init $(QAT_DRAFT:.gguf=.hf) --layers 30 --quant q4_0 --quant-aware --epochs 1 --lr 1e-4 --out $@
+
+# the reference target widened with zero weights to a 2B-class f16 (2048 wide, 3.6 GiB) and a 7B-class Q8_0
+# (4096 wide, 6.7 GiB): a big model's cost with the reference target's text, the pair's q4_0 as their draft
+# (edgespec/models/widen.py; docs/drafts.md, "Widened targets"); a minute or two each on 2 CPU cores
+BIG_2B := $(dir $(PAIR))target-2b-f16.gguf
+BIG_7B := $(dir $(PAIR))target-7b-q8_0.gguf
+big-pair: $(BIG_2B) $(BIG_7B)
+
+$(BIG_2B): | pair
+	$(PY) -m edgespec.models.widen $(dir $(PAIR))target-f32.gguf $@ --shape 2b --type f16
+
+$(BIG_7B): | pair
+	$(PY) -m edgespec.models.widen $(dir $(PAIR))target-f32.gguf $@ --shape 7b --type q8_0
 
 bench-pair: pair
 	$(VENV)/bin/edgespec bench --pair $(PAIR) -t 0
