@@ -4,7 +4,9 @@ The alternative our users weigh is llama-server itself (plain, or with a draft: 
 For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft model
 (`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
 (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
-draft or prompt lookup). Speeds are decode speeds, prompt processing left out on both sides, and both count a
+draft or prompt lookup). Beside each drafting system its acceptance (llama-server's draft_n_accepted over draft_n),
+and beside edgespec's the chain bound its costs and acceptance allow (plan/bound.py). Speeds are decode speeds,
+prompt processing left out on both sides, and both count a
 token for every pass that produced one, the end-of-generation token included: llama-server's own
 `timings.predicted_per_second` (its predicted_n counts the end token; its clock starts at the first token, which
 the prompt's pass produced), edgespec's generated tokens and its end token, if the answer ended on one, over its
@@ -16,6 +18,7 @@ flags into ~/.cache/edgespec/llama-bin/ on first use (about 5 minutes on 2 cores
 
 usage: python benchmarks/vs_llama_cpp.py [--pair pair.json | --target T.gguf [--draft ngram|D.gguf]] [-t 0 -t 0.7]
        [--edgespec-draft ngram+D.gguf] [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
+       [--server-draft '--spec-draft-n-max 8 --spec-draft-p-min 0.5' ...] [--no-ngram] [--no-default-draft]
 """
 
 from __future__ import annotations
@@ -108,15 +111,16 @@ class Server:
         self.close()
         sys.exit(f"{what} did not start; the end of its stderr:\n" + "\n".join(tail))
 
-    def answer(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[int, float]:
-        """(tokens generated, decode tok/s) for one chat answer."""
+    def answer(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[int, float, int, int]:
+        """(tokens generated, decode tok/s, draft tokens proposed, of them accepted) for one chat answer."""
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                 "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
                                          data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as r:
             timings = json.load(r)["timings"]
-        return timings["predicted_n"], timings["predicted_per_second"]
+        return (timings["predicted_n"], timings["predicted_per_second"], timings.get("draft_n", 0),
+                timings.get("draft_n_accepted", 0))
 
     def close(self) -> None:
         self.process.terminate()
@@ -140,12 +144,18 @@ def main() -> None:
                     "draft) [default: --draft, as llama-server gets it]")
     ap.add_argument("--server-draft-max", type=int, action="append", default=[],
                     help="also llama-server with the draft at this --spec-draft-n-max (repeatable)")
+    ap.add_argument("--server-draft", action="append", default=[], metavar="FLAGS",
+                    help="also llama-server with the draft and these speculative flags, e.g. "
+                    "'--spec-draft-n-max 8 --spec-draft-p-min 0.5' (repeatable)")
+    ap.add_argument("--no-ngram", action="store_true", help="leave llama-server + ngram out")
+    ap.add_argument("--no-default-draft", action="store_true",
+                    help="leave llama-server + draft at its defaults out (where --server-draft gives its best)")
     ap.add_argument("--llama-bin", help="a folder with llama-server [default: built from the vendored llama.cpp]")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     from edgespec import api
-    from edgespec.bench import first_of_each, read_prompts
+    from edgespec.bench import chain_bound_of, first_of_each, read_prompts
     from edgespec.models.default import default_target
 
     if args.pair:
@@ -156,33 +166,49 @@ def main() -> None:
     binary = llama_bin(args.llama_bin) / "llama-server"
     configs = {"llama-server": ["-ngl", str(args.gpu_layers)]}
     if args.draft != "ngram":
-        configs["llama-server + draft"] = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers),
-                                           "--spec-type", "draft-simple"]
+        drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers),
+                   "--spec-type", "draft-simple"]
+        if not args.no_default_draft:
+            configs["llama-server + draft"] = drafted
         for n_max in args.server_draft_max:
-            configs[f"llama-server + draft, n-max {n_max}"] = [*configs["llama-server + draft"],
-                                                               "--spec-draft-n-max", str(n_max)]
-    configs["llama-server + ngram"] = [*configs["llama-server"], "--spec-type", "ngram-simple"]
+            configs[f"llama-server + draft, n-max {n_max}"] = [*drafted, "--spec-draft-n-max", str(n_max)]
+        for flags in args.server_draft:
+            configs[f"llama-server + draft {flags}"] = [*drafted, *flags.split()]
+    if not args.no_ngram:
+        configs["llama-server + ngram"] = [*configs["llama-server"], "--spec-type", "ngram-simple"]
     prompts = first_of_each(read_prompts(args.prompts), args.per_category)
 
     servers = {name: Server(binary, target, args.threads, args.ctx, extra) for name, extra in configs.items()}
     engine = api.load(target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
                       gpu_layers=args.gpu_layers)
     totals = defaultdict(lambda: [0, 0.0])  # (temperature, system, category) -> [tokens, seconds]
+    # (temperature, system) -> [drafted, accepted, judged, rounds that drafted] (llama-server: judged and rounds 0)
+    drafts = defaultdict(lambda: [0, 0, 0, 0])
+    bounds = {}  # temperature -> the chain bound from edgespec's costs and acceptance there (plan/bound.py)
     try:
         for temperature in args.temperature or [0.0, 0.7]:
             for i, row in enumerate(prompts):
                 for name, server in servers.items():
-                    n, tps = server.answer(row["prompt"], args.max_tokens, temperature, i)
+                    n, tps, n_drafted, n_accepted = server.answer(row["prompt"], args.max_tokens, temperature, i)
                     for cat in (row["cat"], "overall"):
                         totals[temperature, name, cat][0] += n
                         totals[temperature, name, cat][1] += n / tps if tps else 0.0
+                    drafts[temperature, name][0] += n_drafted
+                    drafts[temperature, name][1] += n_accepted
                 for name, draft_max in (("edgespec target-only", 0), ("edgespec speculative", None)):
                     result = engine.generate(row["prompt"], max_tokens=args.max_tokens, temperature=temperature,
                                              seed=i, draft_max=draft_max)
                     for cat in (row["cat"], "overall"):
                         totals[temperature, name, cat][0] += result.stats.produced  # counted as llama-server does
                         totals[temperature, name, cat][1] += result.stats.decode_s
+                    s = result.stats
+                    judged, rounds = s.accepted + s.rejected, sum(s.accept_counts.values())
+                    for j, x in enumerate((s.drafted, s.accepted, judged, rounds)):
+                        drafts[temperature, name][j] += x
                 print(f"t={temperature} {i + 1}/{len(prompts)} {row['cat']}", file=sys.stderr)
+            if engine.controller is not None:
+                spec = drafts[temperature, "edgespec speculative"]
+                bounds[temperature] = chain_bound_of(engine, spec[1] / spec[2] if spec[2] else 0.0)
     finally:
         for server in servers.values():
             server.close()
@@ -194,11 +220,23 @@ def main() -> None:
     for (temperature, name, cat), (n, seconds) in totals.items():
         base_n, base_s = totals[temperature, "llama-server", cat]
         tps, base = n / seconds if seconds else 0.0, base_n / base_s if base_s else 0.0
-        rows.append({"temperature": temperature, "system": name, "category": cat, "tokens": n,
-                     "tok_s": round(tps, 2), "vs_llama_server": round(tps / base, 3) if base else None})
+        row = {"temperature": temperature, "system": name, "category": cat, "tokens": n,
+               "tok_s": round(tps, 2), "vs_llama_server": round(tps / base, 3) if base else None}
+        if cat == "overall":
+            drafted, accepted, judged, rounds = drafts[temperature, name]
+            row.update(drafted=drafted, acceptance=round(accepted / drafted, 3) if drafted else None,
+                       token_acceptance=round(accepted / judged, 3) if judged else None,
+                       mean_accepted_length=round(accepted / rounds, 3) if rounds else None)
+        rows.append(row)
+    for temperature, bound in bounds.items():
+        measured = {r["system"]: r["tok_s"] for r in rows
+                    if (r["temperature"], r["category"]) == (temperature, "overall")}
+        speedup = measured["edgespec speculative"] / measured["edgespec target-only"]
+        bound.update(measured=round(speedup, 3), of_bound=round(speedup / bound["speedup"], 3))
     report = {"target": target, "draft": args.draft, "edgespec_draft": args.edgespec_draft or args.draft,
               "threads": args.threads, "max_tokens": args.max_tokens,
-              "prompts": len(prompts), "llama_server": str(binary), "results": rows}
+              "prompts": len(prompts), "llama_server": str(binary), "configs": configs, "results": rows,
+              "chain_bound": {str(t): b for t, b in bounds.items()}}
     if args.json:
         print(json.dumps(report, indent=1))
         return
@@ -208,7 +246,17 @@ def main() -> None:
         for name in systems:
             cells = [next(r for r in rows if (r["temperature"], r["system"], r["category"]) == (temperature, name, c))
                      for c in cats]
-            print(f"{name:32s}" + "".join(f"{c['tok_s']:8.1f} ({c['vs_llama_server']:.2f})" for c in cells))
+            accept = cells[-1]
+            drafted = (f"   acceptance {accept['acceptance']:.2f}" if accept.get("acceptance") is not None else "") + \
+                (f", judged {accept['token_acceptance']:.2f}, mean accepted {accept['mean_accepted_length']:.2f}"
+                 if accept.get("token_acceptance") is not None else "")
+            print(f"{name:32s}" + "".join(f"{c['tok_s']:8.1f} ({c['vs_llama_server']:.2f})" for c in cells) + drafted)
+        if temperature in bounds:
+            b = bounds[temperature]
+            print(f"chain bound (edgespec's costs, judged acceptance {b['alpha']:.2f}): {b['speedup']:.3f}x "
+                  f"target-only with chains of {b['k']}; edgespec speculative {b['measured']:.3f}x = "
+                  f"{b['of_bound']:.2f} of it "
+                  f"(pass costs {' '.join(f'{n}:{r}' for n, r in b['pass_cost_ratios'].items())})")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edgespec.api import Engine
 from edgespec.errors import EdgespecError
+from edgespec.plan.bound import chain_bound
 from edgespec.progress import Steps
 
 
@@ -122,6 +123,8 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
             "identical_outputs": t["same"],
         }
     overall = categories.pop("overall")
+    overall["chain_bound"] = chain_bound_of(engine, overall["token_acceptance"])
+    overall["of_bound"] = round(overall["speedup"] / overall["chain_bound"]["speedup"], 3)
     gated = engine.drafter.gated  # drafts chains under a DraftGate unless engine.gate is off
     return {
         "target": engine.target.name,
@@ -141,6 +144,17 @@ def run_bench(engine: Engine, prompts: list[dict], *, max_tokens: int, temperatu
     }
 
 
+def chain_bound_of(engine: Engine, alpha: float) -> dict:
+    """The chain bound (plan/bound.py) from the costs the engine's controller holds after the run (pass costs timed
+    at load and moved by every round, the draft's start and step fitted to its rounds) and the acceptance the run
+    measured."""
+    c = engine.controller
+    bound = chain_bound(c.target_costs, c.draft_start, c.draft_cost, alpha, c.k_max)
+    return {**bound.to_dict(), "alpha": alpha, "draft_step_s": round(c.draft_cost, 6),
+            "draft_start_s": round(c.draft_start, 6),
+            "pass_cost_ratios": {str(n): round(s / c.target_costs[1], 3) for n, s in sorted(c.target_costs.items())}}
+
+
 def runs_as_alone(engine: Engine) -> bool:
     """Whether the engine's target, drafting off, runs as the target loaded alone would. An ONNX session
     beside a draft spins its threads within runs only (or not at all); alone they spin on between runs too
@@ -156,12 +170,19 @@ def format_report(report: dict) -> str:
     cols = f"{'category':<10}{'prompts':>8}{'target tok/s':>14}{'spec tok/s':>12}{'ratio':>8}{'accept':>8}" \
            f"{'judged':>8}{'mean acc':>10}{'same out':>10}  draft lengths"
     lines = [head, cols]
-    for name, c in [*sorted(report["categories"].items()), ("overall", report["overall"])]:
+    overall = report["overall"]
+    for name, c in [*sorted(report["categories"].items()), ("overall", overall)]:
         hist = " ".join(f"{k}:{v}" for k, v in c["draft_length_histogram"].items())
         lines.append(f"{name:<10}{c['prompts']:>8}{c['target_only_tokens_per_second']:>14.1f}"
                      f"{c['speculative_tokens_per_second']:>12.1f}{c['speedup']:>8.3f}{c['acceptance_rate']:>8.2f}"
                      f"{c['token_acceptance']:>8.2f}{c['mean_accepted_length']:>10.2f}"
                      f"{c['identical_outputs']:>7}/{c['prompts']:<2}  {hist}")
+    if "chain_bound" in overall:
+        b = overall["chain_bound"]
+        lines.append(f"chain bound at acceptance {b['alpha']:.2f}: {b['speedup']:.3f}x with chains of {b['k']} "
+                     f"(pass costs x one-token pass: {' '.join(f'{n}:{r}' for n, r in b['pass_cost_ratios'].items())};"
+                     f" draft step {1000 * b['draft_step_s']:.1f} ms, start {1000 * b['draft_start_s']:.1f} ms); "
+                     f"measured {overall['speedup']:.3f}x = {overall['of_bound']:.2f} of it")
     return "\n".join(lines)
 
 

@@ -183,6 +183,7 @@ def test_draft_step_cost_is_draft_time_per_paid_token_over_a_target_pass(monkeyp
     from edgespec.api import Engine
     from edgespec.bench import run_bench
     from edgespec.decode.loop import speculate
+    from edgespec.plan.bound import chain_speedup
     from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 
     now = [0.0]
@@ -211,6 +212,12 @@ def test_draft_step_cost_is_draft_time_per_paid_token_over_a_target_pass(monkeyp
         assert overall["draft_step_cost"] == cost, name
         assert all(c["draft_step_cost"] == cost for c in reports[name]["categories"].values()), name
     assert 0 < reports["model"]["overall"]["acceptance_rate"] < 1  # rejected drafts cost their pass too
+    # the chain bound beside the measured speedup: Leviathan's formula on the engine's costs and the judged acceptance
+    overall, bound = reports["model"]["overall"], reports["model"]["overall"]["chain_bound"]
+    assert bound["alpha"] == overall["token_acceptance"] and bound["draft_step_s"] > 0
+    assert 1 <= bound["k"] <= 8 and bound["speedup"] == round(chain_speedup(
+        {int(n): r for n, r in bound["pass_cost_ratios"].items()}, bound["draft_start_s"], bound["draft_step_s"],
+        bound["alpha"], bound["k"]), 3) and overall["of_bound"] == round(overall["speedup"] / bound["speedup"], 3)
 
 
 def test_json_schema_constrains_generate_and_bench(runner, tmp_path, q4_0_gguf):

@@ -1,0 +1,54 @@
+"""The chain bound: the best speedup over target-only decoding that drafting a chain of a fixed length k each round
+allows, from the device's costs and the text's acceptance (Leviathan et al. 2023, eq. 1 and section 3.4).
+
+A round drafts k tokens (a start and k steps of the draft: draft_start + k * draft_step seconds), then one target
+pass over k + 1 tokens (C(k + 1) seconds) emits (1 - alpha^(k+1)) / (1 - alpha) tokens where each draft is
+accepted independently with probability alpha. Target-only decoding emits one token per C(1). The bound is the best
+k's ratio of the two rates. It is what a controller that knows alpha and the costs would reach with chains; a gate
+that drafts further where the draft is sure and stops where it is not can pass it, and so can trees.
+
+alpha is the per-token acceptance among drafts the verifier judged (Stats.token_acceptance: kept ones and the
+first rejected of a round): measured under a gate it is the acceptance of the tokens the gate chose to draft,
+higher than a fixed chain's, so the bound it gives is higher than a fixed chain reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgespec.decode.cost import expected_tokens
+
+
+@dataclass(frozen=True)
+class Bound:
+    k: int  # the best chain length (0: drafting does not pay)
+    speedup: float  # its rate over target-only decoding
+    tokens: float  # tokens a round of k is expected to emit
+
+    def to_dict(self) -> dict:
+        return {"k": self.k, "speedup": round(self.speedup, 3), "tokens_per_round": round(self.tokens, 3)}
+
+
+def chain_speedup(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float, k: int) -> float:
+    """The rate of chains of k over target-only decoding. pass_costs: seconds of a target pass over n tokens, for
+    n = 1 and k + 1 at least."""
+    if k == 0:
+        return 1.0
+    return expected_tokens(alpha, k) * pass_costs[1] / (draft_start + k * draft_step + pass_costs[k + 1])
+
+
+def chain_bound(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float,
+                k_max: int | None = None) -> Bound:
+    """The best chain length up to k_max (default: the longest whose pass cost is given) and its speedup."""
+    longest = max(pass_costs) - 1
+    k_max = longest if k_max is None else min(k_max, longest)
+    if 1 not in pass_costs or pass_costs[1] <= 0:
+        raise ValueError("the bound needs the cost of a one-token pass")
+    best = Bound(0, 1.0, 1.0)
+    for k in range(1, k_max + 1):
+        if k + 1 not in pass_costs:
+            continue
+        speedup = chain_speedup(pass_costs, draft_start, draft_step, alpha, k)
+        if speedup > best.speedup:
+            best = Bound(k, speedup, expected_tokens(alpha, k))
+    return best
