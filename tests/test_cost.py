@@ -7,10 +7,10 @@ from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.decode.cost import (
     BIN_DECAY,
     CONFIDENCE_BINS,
+    EXPLORE_EVIDENCE,
     PROBE_EVERY,
     PROBE_MAX,
     PROBE_READ_MAX,
-    EXPLORE_EVIDENCE,
     REPAY_ROUNDS,
     DraftController,
     expected_tokens,
@@ -389,3 +389,23 @@ def test_the_gate_explores_a_confidence_it_has_never_seen_judged():
     for _ in range(int(EXPLORE_EVIDENCE) + 1):
         c.observe_gate(gate, n_drafted=1, n_accepted=0)
     assert not c.unexplored(0.5) and not c.gate().keep(0.5)
+
+
+def test_pass_lengths_no_round_has_timed_move_with_the_ones_that_were():
+    """Pass costs timed at load go stale as the host's load moves. Rounds of one length (2 tokens) that take twice
+    their load time take every length no round has timed with them; a length timed since follows its own rounds,
+    and one-token passes (every declined round) move nothing else."""
+    c = DraftController(costs(0.2), 0.0, k_max=8)
+    load = dict(c.target_costs)
+    c.observe(3, 3, 0.0, load[4])  # a 4-token pass at its load price
+    for _ in range(60):
+        c.observe(1, 1, 0.0, 2 * load[2])
+    assert c.verify_cost(2) == pytest.approx(2 * load[2], rel=1e-3)
+    assert all(c.verify_cost(n) == pytest.approx(2 * load[n], rel=1e-3) for n in (3, 5, 9))
+    assert c.verify_cost(4) == pytest.approx(load[4])  # timed: its own rounds decide
+    for _ in range(60):
+        c.observe(0, 0, 0.0, 3 * load[1])
+    assert c.verify_cost(1) == pytest.approx(3 * load[1], rel=1e-3) and c.verify_cost(3) == pytest.approx(2 * load[3])
+    c.set_pass_costs(load)  # priced from outside: every length untimed again
+    c.observe(1, 1, 0.0, 1.2 * load[2])
+    assert c.verify_cost(4) == pytest.approx(load[4] * c.verify_cost(2) / load[2])

@@ -128,6 +128,7 @@ class DraftController:
 
     def __post_init__(self):
         self._steps = StepFit((self.draft_start, self.draft_cost))  # the draft's step costs, drawn towards load's
+        self._timed: set[int] = set()  # pass lengths (> 1) a round has timed since the costs were set (_follow)
 
     @property
     def alpha(self) -> float:
@@ -365,11 +366,31 @@ class DraftController:
         self.draft_start, self.draft_cost = other.draft_start, other.draft_cost
         self._surveyed = self._spent = None
 
+    def _follow(self, n: int, old: float) -> None:
+        """A pass of n > 1 tokens was timed, its cost moving from `old`: every longer-than-one length no round has
+        timed yet moves by the same factor. Times taken at load go stale as the host's load moves (passes of this
+        CPU moved 1.3-1.7x from minute to minute), and a length never drafted would otherwise keep its load price for
+        good: a dear one is never tried, a cheap one is chosen and found dear. Lengths timed since follow their own
+        rounds; the one-token cost (timed in every declined round) moves none, so a declined round stays cheap."""
+        self._timed.add(n)
+        factor = self.target_costs[n] / old if old > 0 else 1.0
+        if factor != 1.0:
+            for m in self.target_costs:
+                if m > 1 and m not in self._timed:
+                    self.target_costs[m] *= factor
+
+    def share_pass_costs(self, other: DraftController) -> None:
+        """Price verify passes by `other`'s costs, the same dict, each one's rounds moving both (prompt lookup in front
+        of a draft: one target, two controllers)."""
+        self.target_costs, self._timed = other.target_costs, other._timed
+        self._surveyed = self._spent = None
+
     def set_pass_costs(self, costs: dict[int, float]) -> None:
         """Price verify passes by `costs` (n tokens -> seconds) from here on: what a pass of a stream among others
         costs it (parallel.Parallel, with learn_costs off while others generate: a joined pass's time is not this
         stream's cost)."""
         self.target_costs = dict(costs)
+        self._timed = set()
         self._surveyed = self._spent = None
 
     def observe(self, n_drafted: int, n_accepted: int, draft_s: float, target_s: float,
@@ -383,6 +404,8 @@ class DraftController:
         if self.learn_costs:
             old = self.target_costs.get(n, target_s)
             self.target_costs[n] = (1 - EMA) * old + EMA * target_s
+            if n > 1:
+                self._follow(n, old)
         if n != 1 or n_drafted:  # more than the one-token cost, which the survey leaves out
             self._surveyed = self._spent = None
         if not n_drafted and self._last_judged_now:  # a round that judged no guess (a shadow score may follow)

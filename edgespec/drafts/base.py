@@ -286,7 +286,8 @@ class LookupFirstDrafter(Drafter):
         """The draft length of the next round: where lookup has a match, what its own controller chooses
         (unless the length is fixed); elsewhere k, the loop's choice for the inner drafter."""
         if self.lookup_controller is None or self.lookup_controller.target_costs is not controller.target_costs:
-            self.lookup_controller = DraftController(controller.target_costs, 0.0, controller.k_max)
+            self.lookup_controller = DraftController({}, 0.0, controller.k_max)
+            self.lookup_controller.share_pass_costs(controller)
         if fixed or not self._index.lookup(context, 1):
             return k
         k = self.lookup_controller.choose()
