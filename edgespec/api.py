@@ -116,7 +116,7 @@ class Engine:
         self.draft_choice = draft_choice or {"draft": drafter.name if drafter else "none", "reason": "asked for",
                                              "auto": False}
         self.tree_width = tree_width  # candidates per depth when the drafter drafts trees (1: chains)
-        self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (cost.DraftGate)
+        self.gate = gate  # a drafter that knows how sure it is ends its chains by confidence (gate.DraftGate)
         self.draft_backend = draft_backend
         self.plan = plan  # the memory plan it was loaded with (plan.planner.Plan), if any
         self._active: Stream | None = None  # one generation at a time: the models have one cache each
@@ -351,7 +351,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
             targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
-            confidence in it (decode/cost.DraftGate); False drafts the controller's k every round.
+            confidence in it (decode/gate.DraftGate); False drafts the controller's k every round.
         spin: how an ONNX target's onnxruntime threads spin between ops (backends/onnx/folder.open_session):
             True, also between runs; "runs", within each run only; False, never. None (default): True where
             nothing runs beside the target (no draft, or prompt lookup), "runs" beside a draft model or heads,

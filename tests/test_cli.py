@@ -183,8 +183,8 @@ def test_draft_step_cost_is_draft_time_per_paid_token_over_a_target_pass(monkeyp
     from edgespec.api import Engine
     from edgespec.bench import run_bench
     from edgespec.decode.loop import speculate
-    from edgespec.plan.bound import chain_speedup
     from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
+    from edgespec.plan.bound import chain_speedup
 
     now = [0.0]
 

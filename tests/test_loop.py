@@ -10,7 +10,8 @@ from stats_util import ALPHA, goodness_of_fit
 from test_verify import target_instead_of_residual
 
 from edgespec.decode import rule as rule_module
-from edgespec.decode.cost import CONFIDENCE_BINS, DraftController, DraftGate
+from edgespec.decode.cost import CONFIDENCE_BINS, DraftController
+from edgespec.decode.gate import DraftGate
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafts.base import Drafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter

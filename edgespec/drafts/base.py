@@ -113,7 +113,7 @@ def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.
     continues the chain, so the head runs once per depth as for a chain, and the siblings only widen the
     verify pass. first_logits: the head's logits [S] for the first draft position; step(token, i): its
     logits for position i + 1 once the chain has `token` at position i; ids maps the S outputs to vocabulary
-    ids (None: S is the vocabulary). gate (cost.DraftGate): asked with each depth's confidence whether to keep
+    ids (None: S is the vocabulary). gate (gate.DraftGate): asked with each depth's confidence whether to keep
     that depth, and before each further step whether to take it."""
     ids = np.arange(len(first_logits)) if ids is None else ids
     tokens: list[int] = []
@@ -192,7 +192,7 @@ class ModelDrafter(Drafter):
         if len(seen) - common_prefix(self.backend.tokens, seen) > CATCH_UP_LAG:
             sync(self.backend, seen[:-1], 0)
 
-    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (gate.DraftGate)
 
     def propose(self, context, k, params, rng, constraint=None, gate=None):
         seen = self.visible(context)

@@ -310,7 +310,7 @@ class EagleDrafter(Drafter):
         if len(context) > 2:
             self._commit(context[:-1])
 
-    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (gate.DraftGate)
     trees = True  # proposes candidates per depth too (propose_tree)
 
     def propose(self, context, k, params, rng, gate=None):

@@ -180,7 +180,7 @@ class MedusaDrafter(Drafter):
         return chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, width, params, rng,
                                    self.n_vocab, ids=self.subset, gate=gate)
 
-    gated = True  # knows how sure it is: the loop may end its chain by confidence (cost.DraftGate)
+    gated = True  # knows how sure it is: the loop may end its chain by confidence (gate.DraftGate)
     trees = True  # proposes candidates per depth too (propose_tree)
 
     def propose(self, context, k, params, rng, gate=None):
