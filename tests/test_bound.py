@@ -2,6 +2,7 @@
 
 import pytest
 
+from edgespec.decode.cost import expected_tokens
 from edgespec.plan.bound import chain_bound, chain_speedup
 
 
@@ -21,10 +22,13 @@ def test_a_dear_first_row_and_cheap_later_rows_want_long_chains():
     """The 7B-class widened target on a 2-core CPU: a 2-row pass 1.62x a one-row pass, 8 rows 3.24x (a row past the
     second adds ~0.27); with a 3 % draft step and acceptance 0.9, one draft a round gains ~15 %, chains of 7 far
     more: the bound must find the long chain, not stop at the first that pays."""
-    costs = {1: 1.0, 2: 1.62, 3: 1.9, 4: 2.42, 5: 2.6, 6: 2.8, 7: 3.0, 8: 3.12, 9: 3.24}
-    one = chain_speedup(costs, 0.0, 0.03, 0.9, 1)
+    costs = {1: 1.0, 2: 1.62, 3: 1.9, 4: 2.42, 5: 2.6, 6: 2.8, 7: 3.0, 8: 3.12, 9: 3.24}  # a table, no clock
+    one_draft = chain_speedup(costs, 0.0, 0.03, 0.9, 1)
+    assert one_draft == pytest.approx(expected_tokens(0.9, 1) / (1 * 0.03 + costs[2]))  # eq. 1 by hand
     best = chain_bound(costs, 0.0, 0.03, 0.9)
-    assert one == pytest.approx(1.9 / 1.65) and best.k >= 6 and best.speedup > 1.3 * one
+    assert best.k >= 6
+    assert best.tokens / (best.k * 0.03 + costs[best.k + 1]) == pytest.approx(best.speedup)
+    assert best.speedup / one_draft > 1.3  # the long chain's formula value against one draft's, both from the table
 
 
 def test_a_draft_that_cannot_pay_gives_no_chain():

@@ -365,8 +365,9 @@ class DraftController:
 
     def _follow(self, n: int, old: float) -> None:
         """A pass of n > 1 tokens was timed, its cost moving from `old`: every longer-than-one length no round has
-        timed yet moves by the same factor. Times taken at load go stale as the host's load moves (passes of this
-        CPU moved 1.3-1.7x from minute to minute), and a length never drafted would otherwise keep its load price for
+        timed yet moves by the same factor. Times taken at load go stale as the host's load moves (a 4-row pass of
+        the widened 2B target: 1.72x a one-row pass after one block of a run, 1.45x after the next,
+        docs/results/2026-11-28-big-pair), and a length never drafted would otherwise keep its load price for
         good: a dear one is never tried, a cheap one is chosen and found dear. Lengths timed since follow their own
         rounds; the one-token cost (timed in every declined round) moves none, so a declined round stays cheap."""
         self._timed.add(n)

@@ -21,7 +21,7 @@ Report acceptance beside any speedup measured on it (docs/drafts.md, "Widened ta
 
 Weights are written tensor by tensor (the source dequantized to float32, then placed), f32, f16 or Q8_0; a Q8_0
 tensor is quantized from the source's values only and its zero blocks written as zero bytes (a Q8_0 block of
-zeros is 34 zero bytes), so a 7B-class copy takes a minute, not the quantizer's hour.
+zeros is 34 zero bytes): the 7B-class copy took 37 s on 2 CPU cores (docs/results/2026-11-28-big-pair.md).
 
 usage: python -m edgespec.models.widen SRC.gguf DST.gguf --shape 2b|7b [--type f16|q8_0|f32]
        python -m edgespec.models.widen SRC.gguf DST.gguf --embd 1024 --heads 16 --kv-heads 4 --ff 4096
@@ -49,7 +49,7 @@ class Width:
     ff: int
 
 
-# a 2B-class (Gemma-2B-like width) and a 7B-class (Llama/Mistral-7B's width) body over the source's layers
+# a 2B-class body (2048 wide) and a 7B-class one (Mistral-7B's width and feed-forward) over the source's layers
 SHAPES = {"2b": Width(2048, 32, 8, 8192), "7b": Width(4096, 64, 16, 14336)}
 TYPES = ("f32", "f16", "q8_0")
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0"}
@@ -253,11 +253,17 @@ def main() -> None:
 
     from edgespec.progress import Steps
 
+    bar: list[Steps] = []  # made at the first tensor written, once widen_gguf knows how many there are
+
+    def progress(done: int, total: int) -> None:
+        if not bar:
+            bar.append(Steps(total, f"widening {Path(args.src).name} to {width.embd}"))
+        bar[0].step()
+
     try:
-        n_tensors = len(gguf_file.open_gguf(args.src).tensors)
-        steps = Steps(n_tensors, f"widening {Path(args.src).name} to {width.embd}")
-        path = widen_gguf(args.src, args.dst, width, args.type, progress=lambda done, total: steps.step())
-        steps.finish()
+        path = widen_gguf(args.src, args.dst, width, args.type, progress=progress)
+        if bar:
+            bar[0].finish()
     except EdgespecError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"{path}: {gguf_file.n_params(path) / 1e9:.2f} B parameters, {path.stat().st_size / 2**30:.2f} GiB "
