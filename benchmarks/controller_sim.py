@@ -2,12 +2,17 @@
 simulated devices (backends/sim.py): passes cost what a device's table says, on a virtual clock, at a set
 acceptance, so each cell takes a second of real time and gives the same figures on every run.
 
-    python benchmarks/controller_sim.py [--device h200-3b-f16 ...] [--draft lookup ...] [--json]
+    python benchmarks/controller_sim.py [--device h200-3b-f16 ...] [--draft lookup ...] [--tree-width 3] [--json]
 
 Per device, draft (prompt lookup, a draft model, EAGLE-like heads) and acceptance: target-only, the controller,
 and every fixed draft length 1..8, over the same texts (4 answers of 256 tokens, greedy, one controller across
 them as an Engine keeps one). Goals: the controller >= 0.97x target-only in every cell, and >= 0.90x the best
 fixed length wherever that beats target-only.
+
+--tree-width W: heads draft trees of up to W guesses a node, the later guesses holding the token the first missed
+as often as the reference pair's draft's did (backends/sim.draft_ranks); the controller plans each round's shape,
+a fixed length k drafts k depths of W each, and each cell also gives the chain controller's speedup and the tree
+bound (plan/bound.tree_bound, from the device's table, a head step per depth and those guesses' acceptance).
 
 The devices. Figures are seconds per pass of n tokens; lengths a table lacks are interpolated, and past its
 longest extrapolated along its last slope (backends/sim.pass_seconds). `draft_read` is what each further
@@ -21,7 +26,10 @@ import json
 import sys
 from dataclasses import asdict
 
-from edgespec.backends.sim import DRAFTS, Device, simulate
+from edgespec.backends.protocol import MAX_OUTPUTS
+from edgespec.backends.sim import DRAFTS, Device, pass_seconds, simulate
+from edgespec.decode.shape import RankAcceptance
+from edgespec.plan.bound import tree_bound
 
 
 def ms(table: dict[int, float]) -> dict[int, float]:
@@ -90,6 +98,9 @@ BEST_GOAL = 0.90  # the controller against the best fixed length, where that bea
 
 def cell(device: Device, draft: str, alpha: float, **options) -> dict:
     """One device, draft and acceptance: target-only, the controller and each fixed length, on the same texts."""
+    width = options.get("tree_width", 1)
+    if width > 1 and draft != "heads":
+        options = {**options, "tree_width": 1}  # trees are the heads' (the others draft chains)
     base = simulate(device, draft, alpha, draft_max=0, k_max=K_MAX, **options)
     ctl = simulate(device, draft, alpha, k_max=K_MAX, **options)
     fixed = {k: simulate(device, draft, alpha, draft_max=k, k_max=K_MAX, **options).tokens_per_virtual_second
@@ -105,7 +116,20 @@ def cell(device: Device, draft: str, alpha: float, **options) -> dict:
             "best_ratio": round(fixed[best_k] / base.tokens_per_virtual_second, 3), "of_best": round(of_best, 3),
             "pays": pays, "drafting_rounds": round(ctl.drafting_rounds / ctl.rounds, 3),
             "acceptance": round(ctl.accepted / ctl.drafted, 3) if ctl.drafted else None,
-            "met": ratio >= RATIO_GOAL and (not pays or of_best >= BEST_GOAL)}
+            "met": ratio >= RATIO_GOAL and (not pays or of_best >= BEST_GOAL),
+            **(trees(device, alpha, width, ctl, base, **options) if width > 1 and draft == "heads" else {})}
+
+
+def trees(device: Device, alpha: float, width: int, ctl, base, **options) -> dict:
+    """A tree cell's additions: the chain controller's speedup on the same texts and the tree bound."""
+    chain = simulate(device, "heads", alpha, k_max=K_MAX, **{**options, "tree_width": 1})
+    nodes = MAX_OUTPUTS - 1
+    costs = {n: pass_seconds(device.target, n) for n in range(1, nodes + 2)}
+    bound = tree_bound(costs, 0.0, device.head_token, RankAcceptance().kept(alpha), width=width, max_nodes=nodes,
+                       max_depth=K_MAX)
+    speedup = ctl.tokens_per_virtual_second / base.tokens_per_virtual_second
+    return {"chain_ratio": round(chain.tokens_per_virtual_second / base.tokens_per_virtual_second, 3),
+            "tree_bound": bound.to_dict(), "of_tree_bound": round(speedup / bound.speedup, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=float, default=0.0,
                         help="prompt lookup right in runs: 0 independent, towards 1 longer runs (copy_script)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree-width", type=int, default=1, help="heads draft trees of up to this many guesses a node")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     options = {"answers": args.answers, "n_new": args.tokens, "jitter": args.jitter, "seed": args.seed,
-               "prior": args.prior, "burst": args.burst}
+               "prior": args.prior, "burst": args.burst, "tree_width": args.tree_width}
     rows = [cell(DEVICES[d], draft, alpha, **options) for d in args.device or DEVICES
             for draft in args.draft or DRAFTS for alpha in args.alpha or ALPHAS]
     if args.json:
@@ -137,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['target_tps']:8.1f} {r['ratio']:6.3f} {r['best_k']:6d} {r['best_tps']:8.1f} "
                   f"{r['best_ratio']:6.3f} "
                   f"{r['of_best'] if r['pays'] else float('nan'):8.3f} {r['drafting_rounds']:8.2f}  "
-                  f"{'yes' if r['met'] else 'NO'}")
+                  f"{'yes' if r['met'] else 'NO'}" + (f"  chain {r['chain_ratio']:.3f}, tree bound "
+                                                      f"{r['tree_bound']['speedup']:.3f} ({r['tree_bound']['nodes']} "
+                                                      f"nodes), of it {r['of_tree_bound']:.3f}"
+                                                      if "tree_bound" in r else ""))
         print(f"met {sum(r['met'] for r in rows)}/{len(rows)}; worst ratio {min(r['ratio'] for r in rows):.3f}; worst "
               f"of best where drafting pays {min((r['of_best'] for r in rows if r['pays']), default=float('nan')):.3f}")
     return 0 if all(r["met"] for r in rows) else 1

@@ -34,7 +34,7 @@ from edgespec.plan import placement
 from edgespec.tool_calls import MARKERS, ToolSet, chat_history
 
 DEFAULT_DRAFT = AUTO_DRAFT
-MAX_TREE_WIDTH = 4  # candidates per depth of a draft tree (a tree 3 deep and 4 wide fills one 16-row pass)
+MAX_TREE_WIDTH = 4  # candidates per position of a draft tree (a fixed tree 3 deep and 4 wide fills one 16-row pass)
 LONGEST_DRAFT = MAX_OUTPUTS - 1  # the longest draft one verify pass checks (its k drafts and 1 more row)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to LONGEST_DRAFT)
 CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
@@ -348,8 +348,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             number: that many; 0: the CPU only, ONNX models on onnxruntime's CPU provider.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
         hidden: the target also returns its hidden states (on by itself for a heads draft).
-        tree_width: heads draft trees with up to this many candidates per depth, verified in one pass (GGUF
-            targets); 1 drafts chains.
+        tree_width: heads draft trees with up to this many candidates per position, in the shape the controller
+            plans from the pass costs (decode/shape.py), verified in one pass (GGUF targets); 1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
             confidence in it (decode/gate.DraftGate); False drafts the controller's k every round.
         spin: how an ONNX target's onnxruntime threads spin between ops (backends/onnx/folder.open_session):
@@ -411,8 +411,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     controller = None
     if drafter is not None:
         k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
-        controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max,
-                                     width=tree_width)
+        controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max)
     if draft_backend is not None:
         model = getattr(drafter, "inner", drafter)  # behind prompt lookup (ngram+)
         if model.pairing != "cross-tokenizer":  # a prior on acceptance, so a good draft model is used from the start

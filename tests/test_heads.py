@@ -6,6 +6,7 @@ from fake import EOS, FakeBackend, random_table
 from test_loop import check_target_law, random_gates
 
 from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.shape import TreeShape
 from edgespec.drafts.heads import MedusaDrafter, load_heads, medusa_states, save_heads
 from edgespec.errors import EdgespecError
 
@@ -82,7 +83,7 @@ def test_heads_over_a_token_subset_keep_the_target_law(tmp_path, monkeypatch, pa
     drafter = MedusaDrafter(heads_file(tmp_path, target, subset=SUBSET), target, output=np.eye(V))
     assert drafter.output.shape == (len(SUBSET), V) and drafter.n_vocab == V
     drafter.feature = rng.normal(size=V).astype(np.float32)
-    tree = drafter.propose_tree([], 3, width, params, rng)
+    tree = drafter.propose_tree([], TreeShape.chain(3, width), params, rng)
     assert set(tree.tokens) <= set(SUBSET.tolist()) and len(tree.tokens) == 3 * width
     assert tree.probs.shape[1] == V and np.all(tree.probs[:, [0, 3]] == 0)
     sums = tree.probs.sum(axis=1)  # one law per depth, over the subset

@@ -178,13 +178,14 @@ def random_gates(seed=0):
 
 
 def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000,
-                     gate=None, caught=None):
+                     gate=None, caught=None, draft_max=3):
     """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
     joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
     without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
     candidates). gate(controller) -> a DraftGate: chains drafted under it, as far as it lets them (it must
     have both kept tokens and ended chains, many times). caught: whether the test must fail (default: broken),
-    for a drafter broken on purpose. Returns the tokens the rounds drafted (tree nodes for trees)."""
+    for a drafter broken on purpose. draft_max: the rounds' fixed length without a gate (None: the controller's
+    choice; for trees, the shapes it plans). Returns the tokens the rounds drafted (tree nodes for trees)."""
     from test_verify import judged_with_replacement
 
     from edgespec.decode import verify as verify_module
@@ -213,7 +214,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
         if gate is not None:
             ctl.gate = lambda ctl=ctl: counted_gate(ctl)
         events = speculate(target, drafter, ctl, [1], params, np.random.default_rng(seed), max_tokens=n_tokens,
-                           draft_max=None if gate is not None else 3, stats=stats, tree_width=width)
+                           draft_max=None if gate is not None else draft_max, stats=stats, tree_width=width)
         draws.append(tuple(tokens_of(list(events))))
         drafted += stats.tree_nodes if width > 1 else stats.drafted
     p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
@@ -244,6 +245,30 @@ def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, widt
     drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
                                n_tokens=3, gate=random_gates() if gated else None)
     assert drafted > 6000 * (2 * width if width > 1 else 1 / 2 if gated else 1)  # the rounds did draft (trees: trees)
+
+
+@pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
+                                            (SamplingParams(temperature=0.7, top_k=4), False),
+                                            (SamplingParams(temperature=1.0), True)])
+def test_trees_in_the_planned_shapes_follow_the_target_chain(monkeypatch, params, broken):
+    """Trees in the shapes the controller plans (decode/shape.py) from flat pass costs: up to 3 guesses a node, and
+    later guesses with children of their own (the drafter branches). Three tokens' joint law is the target
+    chain's; judging distinct candidates by the full draft law is caught."""
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    shapes = []
+
+    class Recorded(MarkovTreeDrafter):
+        def propose_tree(self, context, shape, params, rng):
+            shapes.append(shape)
+            return super().propose_tree(context, shape, params, rng)
+
+    drafted = check_target_law(monkeypatch, FakeBackend(t_table), Recorded(d_table), t_table, params, width=3,
+                               broken=broken, n_tokens=3, draft_max=None)
+    assert drafted > 6000 * 6  # wide trees were drafted
+    assert any(shape.parents[node] >= 0 and shape.ranks[shape.parents[node]] > 0
+               for shape in shapes for node in range(shape.size))  # a later guess had children
 
 
 def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
@@ -488,19 +513,21 @@ class MarkovTreeDrafter(Drafter):
     """Drafts trees from a Markov table (a head's stand-in): the candidates at a node come from the table's row
     for the node's token, drawn as sampling.candidates draws them."""
 
-    name, trees = "markov-tree", True
+    name, trees, branching = "markov-tree", True, True  # a node's row depends on its own token alone
 
     def __init__(self, table):
         self.table = np.asarray(table, dtype=np.float64)
 
-    def propose_tree(self, context, k, width, params, rng):
-        from edgespec.drafts.base import chain_with_siblings
+    def propose_tree(self, context, shape, params, rng):
+        from edgespec.drafts.base import grow_tree
 
-        return chain_with_siblings(self.table[context[-1]], lambda token, i: self.table[token], k, width, params,
-                                   rng, self.table.shape[0])
+        return grow_tree(shape, lambda path: self.table[path[-1] if path else context[-1]], params, rng,
+                         self.table.shape[0])
 
     def propose(self, context, k, params, rng):  # a chain: the tree one wide (row i: the law of token i)
-        tree = self.propose_tree(context, k, 1, params, rng)
+        from edgespec.decode.shape import TreeShape
+
+        tree = self.propose_tree(context, TreeShape.chain(k), params, rng)
         return tree.tokens, tree.probs[:k]
 
 

@@ -21,7 +21,7 @@ from edgespec.decode import rule as rule_module
 from edgespec.decode import verify as verify_module
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams, to_probs
-from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings
+from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings, grow_tree
 
 LIVE = 4  # ids the chain lives on; the background is category LIVE
 RUNS = 3000
@@ -72,16 +72,16 @@ class WideBackend(FakeBackend):
 
 
 class WideTreeDrafter(Drafter):
-    """Trees from a WideChain, as a head drafts them (drafts/base.chain_with_siblings)."""
+    """Trees from a WideChain, as heads draft them (drafts/base.grow_tree)."""
 
-    name, trees = "wide-tree", True
+    name, trees, branching = "wide-tree", True, True  # a node's row depends on its own token alone
 
     def __init__(self, chain: WideChain):
         self.chain = chain
 
-    def propose_tree(self, context, k, width, params, rng):
-        return chain_with_siblings(self.chain[[context[-1]]][0], lambda token, i: self.chain[[token]][0], k, width,
-                                   params, rng, self.chain.rows.shape[1])
+    def propose_tree(self, context, shape, params, rng):
+        return grow_tree(shape, lambda path: self.chain[[path[-1] if path else context[-1]]][0], params, rng,
+                         self.chain.rows.shape[1])
 
 
 class WideHeadDrafter(Drafter):

@@ -27,7 +27,8 @@ from edgespec.decode.calibrate import measure_pass_costs, measure_read_cost
 from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams
-from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings
+from edgespec.decode.shape import RankAcceptance
+from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings, grow_tree
 
 EOS = 0  # never in a script
 TARGET_TOP = 0.99  # the target's top probability at every position (greedy decoding reads only the argmax)
@@ -107,6 +108,28 @@ def draft_picks(script: Sequence[int], n_prompt: int, alpha: float, n_vocab: int
     return np.concatenate([np.where(right, script, wrong), np.ones(MAX_OUTPUTS + 1, dtype=script.dtype)])
 
 
+def draft_ranks(script: Sequence[int], n_prompt: int, alpha: float, n_vocab: int, rng: np.random.Generator,
+                width: int) -> np.ndarray:
+    """A draft's first `width` guesses at each position [len(script) + MAX_OUTPUTS + 1, width], for heads that draft
+    trees: column 0 is draft_picks' (the script's token with probability alpha); where it is wrong, the script's
+    token is guess r with the chance decode/shape.RANK_SHARES gives (what the reference pair's draft showed), else
+    no guess has it. Every other guess is an id of its own (never EOS, never the script's)."""
+    picks = draft_picks(script, n_prompt, alpha, n_vocab, rng)
+    n = len(picks)
+    ranks = np.empty((n, width), dtype=picks.dtype)
+    ranks[:, 0] = picks
+    padded = np.concatenate([np.asarray(script), np.ones(n - len(script), dtype=picks.dtype)])
+    kept = RankAcceptance().kept(alpha)[1:width]
+    where = rng.random(n)  # which later guess holds the script's token where the first missed
+    bounds = np.cumsum(kept) / (1.0 - alpha) if alpha < 1 else np.ones(len(kept))
+    for r in range(1, width):
+        other = (padded + r) % (n_vocab - 1) + 1  # an id of its own for guess r (script % (V - 1) + 1 is column 0's)
+        other = np.where(other == padded, other % (n_vocab - 1) + 1, other)
+        hit = (picks != padded) & (where < bounds[r - 1]) & (where >= (bounds[r - 2] if r > 1 else 0.0))
+        ranks[:, r] = np.where(hit, padded, other)
+    return ranks
+
+
 def sim_vocab(n_vocab: int) -> Vocab:
     texts = tuple(b"</s>" if i == EOS else b"t%d " % i for i in range(n_vocab))
     return Vocab(texts=texts, pieces=tuple(b"" if i == EOS else t for i, t in enumerate(texts)), bos_id=EOS,
@@ -127,6 +150,7 @@ class SimBackend(Backend):
         self.seconds, self.clock = seconds, clock
         self.jitter, self.rng = jitter, rng or np.random.default_rng(0)
         self.passes: list[float] = []  # seconds of each forward
+        self._tree: list[int] | None = None  # the tokens forward_tree passed, until keep_branch
         self._logit = float(np.log(top * (n_vocab - 1) / (1 - top)))  # softmax top probability = top
 
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
@@ -139,6 +163,26 @@ class SimBackend(Backend):
         self.passes.append(seconds)
         self.tokens.extend(tokens)
         return rows(self.picks[len(self.tokens) - n_logits + 1:len(self.tokens) + 1], self.vocab.n_vocab, self._logit)
+
+    trees = True  # forward_tree, keep_branch
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Rows for a draft tree after the cache [n, V]: a node's row is its position's (its depth under tokens[0]),
+        the pass priced as n tokens."""
+        depths: list[int] = []
+        for parent in parents:
+            depths.append(0 if parent < 0 else depths[parent] + 1)
+        seconds = self.seconds(len(tokens))
+        if self.jitter:
+            seconds *= self.rng.lognormal(-self.jitter ** 2 / 2, self.jitter)
+        self.clock.advance(seconds)
+        self.passes.append(seconds)
+        self._tree = list(tokens)
+        return rows(self.picks[len(self.tokens) + 1 + np.asarray(depths)], self.vocab.n_vocab, self._logit)
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        self.tokens.extend(self._tree[i] for i in path)
+        self._tree = None
 
     def rollback(self, n_past: int) -> None:
         del self.tokens[n_past:]
@@ -162,14 +206,27 @@ def rows(picks: np.ndarray, n_vocab: int, logit: float) -> np.ndarray:
 
 class SimHeads(Drafter):
     """Heads that draft like the EAGLE head (drafts/eagle.py): the first row comes with the round, each further
-    one from a head step the gate asked for, each costing `seconds`; the token at position p is picks[p]."""
+    one from a head step the gate asked for, each costing `seconds`. ranks[p]: its guesses at position p, best first
+    (draft_ranks; one column: picks). Trees: every node at one depth is drafted by the same step (a head runs a
+    depth's nodes at once), and any node may have children: a node's guesses depend on its position only."""
 
     gated = True
+    trees = True
+    branching = True
 
-    def __init__(self, picks: Sequence[int], n_vocab: int, seconds: float, clock: VirtualClock):
-        self.picks, self.n_vocab, self.seconds, self.clock = np.asarray(picks), n_vocab, seconds, clock
+    def __init__(self, ranks: np.ndarray, n_vocab: int, seconds: float, clock: VirtualClock):
+        self.ranks, self.n_vocab, self.seconds, self.clock = np.asarray(ranks), n_vocab, seconds, clock
+        if self.ranks.ndim == 1:
+            self.ranks = self.ranks[:, None]
         self.name = "sim-heads"
         self._logit = float(np.log(DRAFT_TOP * (n_vocab - 1) / (1 - DRAFT_TOP)))
+
+    def _row(self, position: int) -> np.ndarray:
+        """The head's logits [V] at `position`: its guesses a step apart, the first on top."""
+        out = np.zeros(self.n_vocab, dtype=np.float32)
+        guesses = self.ranks[position]
+        out[guesses] = self._logit - np.arange(len(guesses), dtype=np.float32)
+        return out
 
     def propose(self, context, k, params, rng, gate=None):
         if k == 0:
@@ -177,10 +234,21 @@ class SimHeads(Drafter):
 
         def row(i):  # the head's logits [V] for the draft at position len(context) + i
             self.clock.advance(self.seconds)
-            return rows(self.picks[len(context) + i:len(context) + i + 1], self.n_vocab, self._logit)[0]
+            return self._row(len(context) + i)
 
         tree = chain_with_siblings(row(0), lambda token, i: row(i + 1), k, 1, params, rng, self.n_vocab, gate=gate)
         return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def propose_tree(self, context, shape, params, rng):
+        stepped = set()
+
+        def expand(path):  # the children of a node at depth len(path) sit at position len(context) + len(path)
+            if len(path) not in stepped:  # one head step per depth
+                stepped.add(len(path))
+                self.clock.advance(self.seconds)
+            return self._row(len(context) + len(path))
+
+        return grow_tree(shape, expand, params, rng, self.n_vocab)
 
 
 DRAFTS = ("lookup", "model", "heads")
@@ -206,7 +274,7 @@ class Outcome:
 
 def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None = None, answers: int = 4,
              n_new: int = 256, k_max: int = 8, seed: int = 0, jitter: float = 0.0,
-             prior: float | None = None, burst: float = 0.0) -> Outcome:
+             prior: float | None = None, burst: float = 0.0, tree_width: int = 1) -> Outcome:
     """Greedy answers of n_new tokens through the loop on `device`, drafted by `draft` (one of DRAFTS) at
     acceptance alpha. draft_max: 0 target-only, k a fixed draft length, None the controller's choice. One
     controller serves every answer, built as api.load builds it: pass costs measured on the device (by the
@@ -216,7 +284,9 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
     counts after the target's prefill: decoding, and a draft model reading the prompt (at prefill where the
     controller drafts from the start, before its first drafting round where not). jitter: the sigma of a
     lognormal factor of mean 1 on every model pass (head steps excepted). burst: prompt lookup right in runs
-    (copy_script)."""
+    (copy_script). tree_width above 1: heads draft trees of up to that many guesses a node (draft_ranks), in the
+    shape the controller plans (or draft_max depths of that many each), the target's passes timed up to the
+    longest one takes."""
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
     clock = VirtualClock()
@@ -232,7 +302,8 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
 
     calibration = np.arange(1, 4 * MAX_OUTPUTS)
     costs = measure_pass_costs(backend(calibration, target_seconds, TARGET_TOP, len(calibration) + 1,
-                                       np.random.default_rng([seed, 1 << 20])), k_max + 1, clock=clock)
+                                       np.random.default_rng([seed, 1 << 20])),
+                               min(k_max * tree_width + 1, MAX_OUTPUTS), clock=clock)
     draft_cost = {"lookup": 0.0, "heads": device.head_token}.get(draft, 0.0)
     if draft == "model":
         draft_backend = backend(calibration, draft_seconds, DRAFT_TOP, len(calibration) + 1,
@@ -252,7 +323,11 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
             script, n_prompt = copy_script(n_new, alpha, rng, burst)
         else:
             script, n_prompt = random_script(PROMPT, n_new, n_vocab, rng), PROMPT
-        picks = draft_picks(script, n_prompt, alpha, n_vocab, rng)
+        if draft == "heads" and tree_width > 1:
+            ranks = draft_ranks(script, n_prompt, alpha, n_vocab, rng, tree_width)
+            picks = ranks[:, 0]
+        else:
+            ranks = picks = draft_picks(script, n_prompt, alpha, n_vocab, rng)
         target = backend(np.concatenate([script, np.ones(MAX_OUTPUTS + 1, dtype=int)]), target_seconds, TARGET_TOP,
                          n_vocab, np.random.default_rng([seed, answer, 1]))
         if draft == "lookup":
@@ -261,10 +336,10 @@ def simulate(device: Device, draft: str, alpha: float, *, draft_max: int | None 
             drafter = ModelDrafter(backend(picks, draft_seconds, DRAFT_TOP, n_vocab,
                                            np.random.default_rng([seed, answer, 2])), target.vocab)
         else:
-            drafter = SimHeads(picks, n_vocab, device.head_token, clock)
+            drafter = SimHeads(ranks, n_vocab, device.head_token, clock)
         stats = Stats()
         events = speculate(target, drafter, controller, script[:n_prompt], SamplingParams(temperature=0), rng,
-                           max_tokens=n_new, draft_max=draft_max, stats=stats, clock=clock)
+                           max_tokens=n_new, draft_max=draft_max, stats=stats, clock=clock, tree_width=tree_width)
         if [e.token for e in events] != script[n_prompt:]:  # greedy decoding writes the script, whatever is drafted
             raise AssertionError(f"answer {answer} left the script: the loop is not exact")
         outcome.tokens += stats.generated

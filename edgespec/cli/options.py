@@ -106,8 +106,9 @@ def model_options(f):
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
-                  help="Heads draft trees with up to this many candidates per position, verified in one pass "
-                       "(GGUF targets); 1 drafts chains. Other drafts given with bench --also draft chains")
+                  help="Heads draft trees with up to this many candidates per position, in the shape the pass "
+                       "costs pay for (a chain where they do not), verified in one pass (GGUF targets); 1 drafts "
+                       "chains. Other drafts given with bench --also draft chains")
     @click.option("--gpu-layers", envvar="EDGESPEC_GPU_LAYERS", default=None, metavar="N|all",
                   help="llama.cpp layers on the GPU, target and draft [default: where llama.cpp has a GPU, what "
                        "fits there; env EDGESPEC_GPU_LAYERS]")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgespec.decode.gate import DraftGate
+from edgespec.decode.shape import TreePlanner
 
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
@@ -96,7 +97,6 @@ class DraftController:
     target_costs: dict[int, float]  # n tokens in a verify pass -> seconds
     draft_cost: float  # seconds per draft step (beyond a round's start, draft_start)
     k_max: int
-    width: int = 1  # candidates per depth of a draft tree: a round of depth k verifies k * width + 1 tokens
     read_cost: float = 0.0  # seconds a draft takes per token it missed, reading them before it drafts again
     draft_start: float = 0.0  # seconds a drafting round spends besides its steps' draft_cost each
     accepted: float = 1.0  # Beta(1, 1) prior on the per-token acceptance
@@ -122,6 +122,7 @@ class DraftController:
     _last_judged_now: bool = field(default=True, repr=False)  # the last round judged a guess (else _last_kept is old)
     _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
     _spent: tuple | None = field(default=None, repr=False, compare=False)  # _spending's answer
+    trees: TreePlanner = field(default_factory=TreePlanner, repr=False, compare=False)  # tree rounds' shapes
 
     def __post_init__(self):
         self._steps = StepFit((self.draft_start, self.draft_cost))  # the draft's step costs, drawn towards load's
@@ -167,8 +168,9 @@ class DraftController:
         return self.target_costs[n]
 
     def pass_cost(self, k: int) -> float:
-        """Seconds for the verify pass of a round k deep: k * width drafts and the last committed token."""
-        return self.verify_cost(k * self.width + 1)
+        """Seconds for the verify pass of a chain of k: k drafts and the last committed token (a tree's shape is
+        priced by `trees`)."""
+        return self.verify_cost(k + 1)
 
     def drafting_cost(self, k: int) -> float:
         """Seconds a round spends drafting k deep (k steps; none for k = 0)."""
@@ -207,7 +209,7 @@ class DraftController:
             self.bin_rejected[b] = BIN_DECAY * self.bin_rejected[b] + (i >= n_accepted)
 
     def predicted_rate(self, k: int) -> float:
-        """Expected tokens per second with k drafts per round (alpha: acceptance per depth of a tree)."""
+        """Expected tokens per second with k drafts per round."""
         return self.expected(k) / (self.drafting_cost(k) + self.pass_cost(k))
 
     def could_pay(self) -> bool:
@@ -247,7 +249,7 @@ class DraftController:
         two numbers. Made every round (predicted_rate for every length, could_pay's terms), choosing cost 10 us
         warm and 20-30 us in a decode, whose passes leave the caches cold: 2-3 % of a 1 ms target pass
         (experiments/declined_draft.py, docs/results/2026-11-26-declined-draft.md).
-        Costs (draft_cost, draft_start, k_max, width) are set at construction and then only by observe."""
+        Costs (draft_cost, draft_start, k_max) are set at construction and then only by observe."""
         key = (self.accepted, self.rejected)
         if self._surveyed is not None and self._surveyed[0] == key:
             return self._surveyed[1]

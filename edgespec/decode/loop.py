@@ -20,6 +20,7 @@ from edgespec.decode import rule
 from edgespec.decode.constraint import Constraint
 from edgespec.decode.cost import DraftController
 from edgespec.decode.sampling import SamplingParams, to_probs
+from edgespec.decode.shape import TreeShape
 from edgespec.decode.text import TextStream
 from edgespec.decode.verify import verify_tree
 from edgespec.drafts.base import Drafter
@@ -129,8 +130,9 @@ def speculate(
     draft_max fixes the draft length (0 = target only); None lets the controller choose each round.
     constraint: a grammar over the answer (decode/constraint.py), fresh; the loop advances it.
     tree_width: above 1, a drafter that drafts trees (propose_tree: Medusa and EAGLE heads) proposes up to that
-    many candidates per depth and the target verifies the tree in one pass (forward_tree: llama.cpp);
-    rounds under a constraint, or with another drafter or target, draft chains.
+    many candidates a node, in the shape the controller plans from its costs (a chain where wider passes do not
+    pay) or, with draft_max, draft_max depths of that many each; the target verifies the tree in one pass
+    (forward_tree: llama.cpp); rounds under a constraint, or with another drafter or target, draft chains.
     gate: a drafter that knows how sure it is (`gated`: draft models, heads) drafts chains under the
     controller's DraftGate, which ends each chain where one more token would not pay (with draft_max None).
     clock: seconds for every time the loop takes (a simulated device's virtual clock: backends/sim.py).
@@ -193,12 +195,12 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                 drafter.catch_up(committed)
                 stats.draft_s += clock() - t
             t0 = clock()
-            if trees:  # the tree's nodes must fit the context and one pass
-                k = min(k, (room - 1) // tree_width, (MAX_OUTPUTS - 1) // tree_width)
             steps = None  # the draft's steps this round, where a gate counted them (else one per draft)
             if k > 0 and trees:
-                drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, committed, k, tree_width,
-                                                                            params, rng, clock)
+                shape = _tree_shape(drafter, controller, k, draft_max, tree_width, room,
+                                    max_tokens - stats.generated)
+                drafts, n_acc, token, n_pass, k_round, t1, t2 = _tree_round(target, drafter, controller, committed,
+                                                                            shape, params, rng, clock)
                 stats.tree_nodes += n_pass - 1
             else:
                 round_gate = controller.gate() if gated and k > 0 else None
@@ -334,17 +336,34 @@ def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=No
     return drafts, n_acc, token, target_laws, t1, t2
 
 
-def _tree_round(target, drafter, committed, k, width, params, rng, clock=time.perf_counter):
-    """Draft a tree k deep with up to `width` candidates per depth, verify it in one pass; the target's cache
-    keeps the accepted branch. Returns (accepted tokens, their number, next token, tokens in the pass, the
-    tree's depth, draft end time, verify end time)."""
-    tree = drafter.propose_tree(committed, k, width, params, rng)
+def _tree_shape(drafter, controller, k, draft_max, width, room, left):
+    """The tree of a round the loop chose to draft (k > 0). A fixed draft length: k depths, each with width
+    candidates (the first continuing the chain). Otherwise the shape with the most expected tokens per second
+    (decode/shape.py) under the controller's costs and the acceptance it learnt per rank, up to `width`
+    candidates a node, k_max deep, fitting the context and one pass; a chain of one where no tree pays but the
+    controller drafts (a probe)."""
+    if draft_max is not None:
+        k = min(k, (room - 1) // width, (MAX_OUTPUTS - 1) // width)
+        return TreeShape.chain(k, width)
+    shape = controller.trees.shape(controller, max_nodes=min(room - 1, MAX_OUTPUTS - 1),
+                                   max_depth=min(controller.k_max, left - 1), width=width,
+                                   branching=drafter.branching)
+    return shape if shape.size else TreeShape.chain(1)
+
+
+def _tree_round(target, drafter, controller, committed, shape, params, rng, clock=time.perf_counter):
+    """Draft the tree `shape` plans, verify it in one pass (the controller learns which ranks were kept); the
+    target's cache keeps the accepted branch. Returns (accepted tokens, their number, next token, tokens in the
+    pass, the tree's depth, draft end time, verify end time)."""
+    tree = drafter.propose_tree(committed, shape, params, rng)
     t1 = clock()
     logits = target.forward_tree([committed[-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])  # [n+1, V]
     path, token = verify_tree(to_probs(logits, params), tree.probs, np.asarray(tree.tokens, dtype=np.int64),
                               np.asarray(tree.parents, dtype=np.int64), rng)
     t2 = clock()
     target.keep_branch([0, *(i + 1 for i in path)])  # the root and the accepted nodes; last_hidden their rows
+    if controller is not None:
+        controller.trees.ranks.observe_tree(tree.parents, path)
     accepted = [tree.tokens[i] for i in path]
     return accepted, len(accepted), token, len(tree.tokens) + 1, tree.depth, t1, t2
 

@@ -17,6 +17,7 @@ from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_compatible, c
 from edgespec.decode.cost import DraftController
 from edgespec.decode.laws import Law, NoLaw, law
 from edgespec.decode.sampling import SamplingParams, candidates, to_probs
+from edgespec.decode.shape import TreeShape, tree_depth
 from edgespec.drafts.ngram import NgramIndex
 from edgespec.drafts.padded import PaddedDraft
 
@@ -27,7 +28,8 @@ class Drafter:
     """What the loop asks of a drafter, every optional ability declared here with what a drafter without it does,
     so that the loop never asks whether a drafter has one:
     - propose (each drafter's own): up to k tokens continuing `context`, and their laws (the module docstring);
-    - propose_tree, where `trees`: candidates per depth as a DraftTree, verified in one pass (heads);
+    - propose_tree, where `trees`: the tree a TreeShape plans (decode/shape.py), drawn as a DraftTree and verified
+      in one pass (heads); where not also `branching`, the shape's guesses past the first at a node are leaves;
     - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
     - observe_target, after each verify pass: the target's state that produced the committed token (heads);
     - lookup_length: the next round's length, from the loop's choice (a free drafter's: from what it offers);
@@ -43,6 +45,7 @@ class Drafter:
     gated = False
     grammar_aware = False
     trees = False
+    branching = False
     last_free = False
     lookup_controller: DraftController | None = None
 
@@ -51,7 +54,7 @@ class Drafter:
         """Up to k tokens continuing `context`, and the laws they were drawn from (see the module docstring)."""
         raise NotImplementedError
 
-    def propose_tree(self, context: list[int], k: int, width: int, params: SamplingParams,
+    def propose_tree(self, context: list[int], shape: TreeShape, params: SamplingParams,
                      rng: np.random.Generator) -> DraftTree:
         raise NotImplementedError(f"{self.name} drafts chains, not trees")
 
@@ -87,10 +90,7 @@ class DraftTree:
     @property
     def depth(self) -> int:
         """Nodes on the longest path from the root: the most tokens a round can accept."""
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return max(depths, default=0)
+        return tree_depth(self.parents)
 
 
 def confidence(logits: np.ndarray) -> float:
@@ -138,6 +138,44 @@ def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.
     probs = np.zeros((len(tokens) + 1, n_vocab))
     for row, q in laws:
         probs[row, ids] = q
+    return DraftTree(tokens, parents, probs)
+
+
+def grow_tree(shape: TreeShape, expand: Callable[[list[int]], np.ndarray | None], params: SamplingParams,
+              rng: np.random.Generator, n_vocab: int, ids: np.ndarray | None = None) -> DraftTree:
+    """The tree `shape` plans, drawn. Each node the shape gives children draws them from expand(path), its logits
+    [S] given the tokens from the root to it (path; [] at the root): its first, second, ... candidates
+    (sampling.candidates, the law verify_tree assumes), in the shape's rank order. Nodes are drawn breadth first,
+    so a drafter that steps along one chain (branching False: only first guesses have children) is asked for each
+    depth in turn. Where a law has fewer tokens than the node's planned children, or expand returns None (deeper
+    than a drafter reaches), the node gets fewer, and the planned subtrees under the missing ones go too.
+    ids maps the S outputs to vocabulary ids (None: S is the vocabulary)."""
+    planned: list[list[int]] = [[] for _ in range(shape.size + 1)]  # by row: 0 = the root
+    for node, parent in enumerate(shape.parents):
+        planned[parent + 1].append(node)
+    tokens: list[int] = []
+    parents: list[int] = []
+    laws: list[tuple[int, np.ndarray]] = []  # (tree row, the law over ids its children came from)
+    queue: list[tuple[int, int, list[int]]] = [(-1, -1, [])]  # (shape node, drafted node, tokens root to it)
+    for shape_node, drafted, path in queue:  # grows while read: breadth first
+        children = sorted(planned[shape_node + 1], key=lambda c: shape.ranks[c])
+        logits = expand(path) if children else None
+        if logits is None:
+            continue
+        q = to_probs(logits, params)
+        picks = candidates(logits, q, len(children), params, rng)
+        laws.append((drafted + 1, q))
+        for child, pick in zip(children, picks, strict=False):  # fewer picks where the law has fewer tokens
+            token = int(pick if ids is None else ids[pick])
+            queue.append((child, len(tokens), [*path, token]))
+            tokens.append(token)
+            parents.append(drafted)
+    probs = np.zeros((len(tokens) + 1, n_vocab))
+    for row, q in laws:
+        if ids is None:
+            probs[row] = q
+        else:
+            probs[row, ids] = q
     return DraftTree(tokens, parents, probs)
 
 

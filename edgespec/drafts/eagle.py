@@ -311,32 +311,45 @@ class EagleDrafter(Drafter):
             self._commit(context[:-1])
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (gate.DraftGate)
-    trees = True  # proposes candidates per depth too (propose_tree)
+    trees = True  # proposes trees too (propose_tree), whose guesses past the first at a node are leaves
 
     def propose(self, context, k, params, rng, gate=None):
-        """A chain: the one-wide tree (row i of its laws is token i's)."""
-        tree = self.propose_tree(context, k, 1, params, rng, gate=gate)
-        return tree.tokens, tree.probs[:len(tree.tokens)]
-
-    def propose_tree(self, context, k, width, params, rng, gate=None):
-        """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings): the
-        head runs once per depth, as for a chain."""
-        from edgespec.drafts.base import DraftTree, chain_with_siblings
+        """A chain of k tokens (drafts.chain_with_siblings one wide; row i of its laws is token i's)."""
+        from edgespec.drafts.base import chain_with_siblings
 
         if k == 0 or len(context) < 2:
+            return [], np.zeros((0, self.n_vocab))
+        tree = self._stepping(context, lambda step: chain_with_siblings(
+            self.last[1], lambda token, i: step(token, i + 1), k, 1, params, rng, self.n_vocab, ids=self.subset,
+            gate=gate))
+        return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def propose_tree(self, context, shape, params, rng):
+        """The tree `shape` plans (drafts.grow_tree): the head steps along its first guesses, once per depth as for
+        a chain; the other guesses are leaves (branching False), so only the verify pass grows."""
+        from edgespec.drafts.base import DraftTree, grow_tree
+
+        if shape.size == 0 or len(context) < 2:
             return DraftTree([], [], np.zeros((1, self.n_vocab)))
+        return self._stepping(context, lambda step: grow_tree(
+            shape, lambda path: step(path[-1], len(path)) if path else self.last[1], params, rng, self.n_vocab,
+            ids=self.subset))
+
+    def _stepping(self, context, draft):
+        """draft(step) with the head caught up on `context`; step(token, depth): the head's logits at that depth
+        once `token` is the draft at the depth before it, read in order of depth. The head's cache is left as the
+        context left it."""
         self._commit(context)
         n_committed = self.head.n
         state = {"g": self.last[0]}
 
-        def step(token, i):
+        def step(token, depth):
             state["g"], logits = self.head.append(state["g"][None, :], self._embed([token]),
-                                                  np.array([len(context) - 1 + i]))
+                                                  np.array([len(context) - 2 + depth]))
             return logits
 
         try:
-            return chain_with_siblings(self.last[1], step, k, width, params, rng, self.n_vocab, ids=self.subset,
-                                       gate=gate)
+            return draft(step)
         finally:
             self.head.truncate(n_committed)
 

@@ -168,22 +168,36 @@ class MedusaDrafter(Drafter):
         self.feature = saved
         return sorted(times)[reps // 2] / self.n_heads
 
-    def propose_tree(self, context, k, width, params, rng, gate=None):
-        """A chain of k tokens with up to width - 1 siblings at each depth (drafts.chain_with_siblings). Head i
-        reads only the target's state, so every node at depth i draws its children from the same law."""
-        from edgespec.drafts.base import DraftTree, chain_with_siblings
-
-        k = min(k, self.n_heads)
+    def _logits(self, k: int) -> np.ndarray | None:
+        """The first k heads' logits [k, S] from the target's last state (None: nothing to draft from)."""
         if k == 0 or self.feature is None:
+            return None
+        return medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T
+
+    def propose_tree(self, context, shape, params, rng):
+        """The tree `shape` plans (drafts.grow_tree), at most as deep as the heads. Head i reads only the target's
+        state, so every node at depth i draws its children from the same law, and any node may have children."""
+        from edgespec.drafts.base import DraftTree, grow_tree
+
+        k = min(shape.depth, self.n_heads)
+        logits = self._logits(k)
+        if logits is None:
             return DraftTree([], [], np.zeros((1, self.n_vocab)))
-        logits = medusa_states(self.feature, self.weight[:k], self.bias[:k]) @ self.output.T  # [k, S]
-        return chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, width, params, rng,
-                                   self.n_vocab, ids=self.subset, gate=gate)
+        return grow_tree(shape, lambda path: logits[len(path)] if len(path) < k else None, params, rng,
+                         self.n_vocab, ids=self.subset)
 
     gated = True  # knows how sure it is: the loop may end its chain by confidence (gate.DraftGate)
-    trees = True  # proposes candidates per depth too (propose_tree)
+    trees = True  # proposes trees too (propose_tree)
+    branching = True  # any node's children: a depth's law does not depend on the tokens above it
 
     def propose(self, context, k, params, rng, gate=None):
-        """A chain: the one-wide tree (row i of its laws is token i's)."""
-        tree = self.propose_tree(context, k, 1, params, rng, gate=gate)
+        """A chain of k tokens (drafts.chain_with_siblings one wide; row i of its laws is token i's)."""
+        from edgespec.drafts.base import chain_with_siblings
+
+        k = min(k, self.n_heads)
+        logits = self._logits(k)
+        if logits is None:
+            return [], np.zeros((0, self.n_vocab))
+        tree = chain_with_siblings(logits[0], lambda token, i: logits[i + 1], k, 1, params, rng, self.n_vocab,
+                                   ids=self.subset, gate=gate)
         return tree.tokens, tree.probs[:len(tree.tokens)]

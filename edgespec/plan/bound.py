@@ -5,7 +5,8 @@ A round drafts k tokens (a start and k steps of the draft: draft_start + k * dra
 pass over k + 1 tokens (C(k + 1) seconds) emits (1 - alpha^(k+1)) / (1 - alpha) tokens where each draft is
 accepted independently with probability alpha. Target-only decoding emits one token per C(1). The bound is the best
 k's ratio of the two rates. It is what a controller that knows alpha and the costs would reach with chains; a gate
-that drafts further where the draft is sure and stops where it is not can pass it, and so can trees.
+that drafts further where the draft is sure and stops where it is not can pass it, and so can trees, whose bound
+(tree_bound) is the best tree's from the chance each of a draft's guesses is the one kept (decode/shape.py).
 
 alpha is the per-token acceptance among drafts the verifier judged (Stats.token_acceptance: kept ones and the
 first rejected of a round): measured under a gate it is the acceptance of the tokens the gate chose to draft,
@@ -17,16 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgespec.decode.cost import expected_tokens
+from edgespec.decode.shape import best_shape
 
 
 @dataclass(frozen=True)
 class Bound:
-    k: int  # the best chain length (0: drafting does not pay)
+    k: int  # the best chain length, or the best tree's depth (0: drafting does not pay)
     speedup: float  # its rate over target-only decoding
     tokens: float  # tokens a round of k is expected to emit
+    nodes: int | None = None  # a tree's draft tokens (None: a chain's, k)
 
     def to_dict(self) -> dict:
-        return {"k": self.k, "speedup": round(self.speedup, 3), "tokens_per_round": round(self.tokens, 3)}
+        out = {"k": self.k, "speedup": round(self.speedup, 3), "tokens_per_round": round(self.tokens, 3)}
+        return out if self.nodes is None else {**out, "nodes": self.nodes}
 
 
 def chain_speedup(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float, k: int) -> float:
@@ -52,3 +56,15 @@ def chain_bound(pass_costs: dict[int, float], draft_start: float, draft_step: fl
         if speedup > best.speedup:
             best = Bound(k, speedup, expected_tokens(alpha, k))
     return best
+
+
+def tree_bound(pass_costs: dict[int, float], draft_start: float, draft_step: float, kept: list[float], *,
+               width: int, max_nodes: int, max_depth: int, branching: bool = True) -> Bound:
+    """The best tree's speedup (decode/shape.best_shape) where each node's rank-r guess is the token kept with
+    probability kept[r], a round costing a start, a draft step per depth and a pass over its nodes and the root
+    (pass_costs given for every length up to max_nodes + 1). Bound.k is the tree's depth, Bound.nodes its size."""
+    shape = best_shape(kept, lambda nodes, depth: (draft_start + depth * draft_step if depth else 0.0) +
+                       pass_costs[nodes + 1], max_nodes=max_nodes, max_depth=max_depth, width=width,
+                       branching=branching)
+    seconds = (draft_start + shape.depth * draft_step if shape.size else 0.0) + pass_costs[shape.size + 1]
+    return Bound(shape.depth, shape.expected * pass_costs[1] / seconds, shape.expected, shape.size)
