@@ -4,7 +4,8 @@ The alternative our users weigh is llama-server itself (plain, or with a draft: 
 For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft model
 (`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
 (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
-draft or prompt lookup). Beside each drafting system its acceptance (llama-server's draft_n_accepted over draft_n),
+draft or prompt lookup); with --tree-width W, edgespec drafting trees of up to W guesses a position too (a
+second engine on the same files). Beside each drafting system its acceptance (llama-server's draft_n_accepted over draft_n),
 and beside edgespec's the chain bound its costs and acceptance allow (plan/bound.py). Speeds are decode speeds,
 prompt processing left out on both sides, and both count a
 token for every pass that produced one, the end-of-generation token included: llama-server's own
@@ -19,6 +20,7 @@ flags into ~/.cache/edgespec/llama-bin/ on first use (about 5 minutes on 2 cores
 usage: python benchmarks/vs_llama_cpp.py [--pair pair.json | --target T.gguf [--draft ngram|D.gguf]] [-t 0 -t 0.7]
        [--edgespec-draft ngram+D.gguf] [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
        [--server-draft '--spec-draft-n-max 8 --spec-draft-p-min 0.5' ...] [--no-ngram] [--no-default-draft]
+       [--tree-width 3]
 """
 
 from __future__ import annotations
@@ -147,6 +149,8 @@ def main() -> None:
     ap.add_argument("--server-draft", action="append", default=[], metavar="FLAGS",
                     help="also llama-server with the draft and these speculative flags, e.g. "
                     "'--spec-draft-n-max 8 --spec-draft-p-min 0.5' (repeatable)")
+    ap.add_argument("--tree-width", type=int, default=1,
+                    help="also edgespec drafting trees of up to this many guesses a position (a second engine)")
     ap.add_argument("--no-ngram", action="store_true", help="leave llama-server + ngram out")
     ap.add_argument("--no-default-draft", action="store_true",
                     help="leave llama-server + draft at its defaults out (where --server-draft gives its best)")
@@ -181,6 +185,11 @@ def main() -> None:
     servers = {name: Server(binary, target, args.threads, args.ctx, extra) for name, extra in configs.items()}
     engine = api.load(target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
                       gpu_layers=args.gpu_layers)
+    engines = {"edgespec speculative": engine}
+    if args.tree_width > 1:
+        engines[f"edgespec trees ({args.tree_width})"] = api.load(
+            target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
+            gpu_layers=args.gpu_layers, tree_width=args.tree_width)
     totals = defaultdict(lambda: [0, 0.0])  # (temperature, system, category) -> [tokens, seconds]
     # (temperature, system) -> [drafted, accepted, judged, rounds that drafted] (llama-server: judged and rounds 0)
     drafts = defaultdict(lambda: [0, 0, 0, 0])
@@ -195,9 +204,9 @@ def main() -> None:
                         totals[temperature, name, cat][1] += n / tps if tps else 0.0
                     drafts[temperature, name][0] += n_drafted
                     drafts[temperature, name][1] += n_accepted
-                for name, draft_max in (("edgespec target-only", 0), ("edgespec speculative", None)):
-                    result = engine.generate(row["prompt"], max_tokens=args.max_tokens, temperature=temperature,
-                                             seed=i, draft_max=draft_max)
+                for name, draft_max in (("edgespec target-only", 0), *((name, None) for name in engines)):
+                    result = engines.get(name, engine).generate(row["prompt"], max_tokens=args.max_tokens,
+                                                                temperature=temperature, seed=i, draft_max=draft_max)
                     for cat in (row["cat"], "overall"):
                         totals[temperature, name, cat][0] += result.stats.produced  # counted as llama-server does
                         totals[temperature, name, cat][1] += result.stats.decode_s
@@ -212,9 +221,10 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.close()
-        engine.close()
+        for each in engines.values():
+            each.close()
 
-    systems = [*configs, "edgespec target-only", "edgespec speculative"]
+    systems = [*configs, "edgespec target-only", *engines]
     cats = [*dict.fromkeys(row["cat"] for row in prompts), "overall"]
     rows = []
     for (temperature, name, cat), (n, seconds) in totals.items():

@@ -348,8 +348,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
             number: that many; 0: the CPU only, ONNX models on onnxruntime's CPU provider.
         kv_type: llama.cpp KV cache type, f16|q8_0|q4_0 (default f16; with a plan, what fits).
         hidden: the target also returns its hidden states (on by itself for a heads draft).
-        tree_width: heads draft trees with up to this many candidates per position, in the shape the controller
-            plans from the pass costs (decode/shape.py), verified in one pass (GGUF targets); 1 drafts chains.
+        tree_width: heads and draft models draft trees with up to this many candidates per position, in the
+            shape the controller plans from the pass costs (decode/shape.py), verified in one pass (GGUF targets);
+            1 drafts chains.
         gate: draft models and heads end each chain where one more token would not pay, judged from their
             confidence in it (decode/gate.DraftGate); False drafts the controller's k every round.
         spin: how an ONNX target's onnxruntime threads spin between ops (backends/onnx/folder.open_session):
@@ -366,9 +367,9 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise EdgespecError(f"tree width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
-    if tree_width > 1 and draft.heads is None:
-        raise EdgespecError("draft trees come from heads trained on the target: pass a *.medusa.npz or "
-                            "*.eagle.npz draft (edgespec train-heads), or a tree width of 1")
+    if tree_width > 1 and not draft.needs_memory:
+        raise EdgespecError("draft trees come from a draft model or heads: pass a draft model (*.gguf), a "
+                            "*.medusa.npz or *.eagle.npz draft (edgespec train-heads), or a tree width of 1")
     if tree_width > 1 and is_onnx(target):
         raise EdgespecError(f"{target}: draft trees are verified in one pass by llama.cpp (GGUF targets); heads on an "
                             "ONNX target draft chains (tree width 1)")
@@ -405,6 +406,11 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
                                                           provider=provider, **draft_settings)
+        if tree_width > 1 and not drafter.trees:
+            if draft_backend is not None:
+                draft_backend.close()
+            raise EdgespecError(f"{draft}: a draft model with another vocabulary than the target's drafts chains "
+                                "(its tokens are the target's only once retokenized): a tree width of 1")
     except BaseException:
         target_backend.close()
         raise

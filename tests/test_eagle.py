@@ -167,10 +167,10 @@ def test_the_head_in_llama_cpp_computes_what_the_numpy_head_does(weight_type, rt
         heads[1].append(feats[:1], embs[:1], np.array([7]))
 
 
-def test_draft_trees_need_heads(default_gguf):
+def test_draft_trees_need_a_draft_model_or_heads(default_gguf):
     from edgespec.api import load
 
-    with pytest.raises(EdgespecError, match="draft trees come from heads"):
+    with pytest.raises(EdgespecError, match="draft trees come from a draft model or heads"):
         load(default_gguf, "ngram", tree_width=2)
     with pytest.raises(EdgespecError, match="tree width must be between 1 and 4"):
         load(default_gguf, "ngram", tree_width=5)

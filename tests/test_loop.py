@@ -271,6 +271,23 @@ def test_trees_in_the_planned_shapes_follow_the_target_chain(monkeypatch, params
                for shape in shapes for node in range(shape.size))  # a later guess had children
 
 
+@pytest.mark.parametrize("params, width, broken, draft_max", [(SamplingParams(temperature=1.0), 2, False, None),
+                                                             (SamplingParams(temperature=0.7, top_k=4), 3, False, 3),
+                                                             (SamplingParams(temperature=1.0), 3, True, None)])
+def test_a_draft_models_trees_follow_the_target_chain(monkeypatch, params, width, broken, draft_max):
+    """A draft model drafting trees (drafts/base.ModelDrafter.propose_tree: it steps along its first guesses, the
+    later ones leaves), fixed or in the shapes planned from flat pass costs: three tokens' joint law is the target
+    chain's; judging distinct candidates by the full draft law is caught."""
+    rng = np.random.default_rng(5)
+    t_table, d_table = random_table(rng, V, 1.5), random_table(rng, V, 1.5)
+    t_table[:, EOS] = d_table[:, EOS] = -1e9
+    target = FakeBackend(t_table)
+    drafter = ModelDrafter(FakeBackend(d_table), target.vocab)
+    drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
+                               n_tokens=3, draft_max=draft_max)
+    assert drafted > 6000 * 2 * width  # siblings were verified
+
+
 def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
     """The gate may end a chain on what the draft thought before drawing a token, never on the token drawn: a
     confidence that is the draft's probability of its own draw keeps likely draws more often than the draft

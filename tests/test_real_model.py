@@ -70,12 +70,21 @@ def lookup_engine(default_gguf, q4_0_gguf):
     engine.close()
 
 
+@pytest.fixture(scope="session")
+def tree_engine(default_gguf, q4_0_gguf):
+    """A draft model drafting trees of up to 3 guesses a position (its later guesses leaves)."""
+    engine = edgespec.load(default_gguf, q4_0_gguf, n_ctx=1024, tree_width=3)
+    yield engine
+    engine.close()
+
+
 @pytest.mark.parametrize("draft_max", [None, 4])
 @pytest.mark.parametrize("engine_name", ["ngram_engine", "model_engine", "subset_engine", "lookup_engine",
-                                         "padded_target_engine", "padded_draft_engine", "cross_engine"])
+                                         "padded_target_engine", "padded_draft_engine", "cross_engine",
+                                         "tree_engine"])
 def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draft_max):
     engine = request.getfixturevalue(engine_name)
-    drafted = accepted = looked_up = 0
+    drafted = accepted = looked_up = tree_nodes = 0
     for prompt in PROMPTS[::4]:
         base = engine.generate(prompt, max_tokens=48, draft_max=0)
         spec = engine.generate(prompt, max_tokens=48, draft_max=draft_max)
@@ -83,13 +92,21 @@ def test_greedy_speculative_equals_greedy_target_only(request, engine_name, draf
         assert spec.text == base.text
         drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
         looked_up += spec.stats.lookup_drafted
+        tree_nodes += spec.stats.tree_nodes
         assert base.stats.drafted == 0 and base.stats.target_passes == base.stats.generated
     if draft_max:  # forced drafting really speculated, and the rule kept the target's output
         assert drafted > 0 and 0 < accepted <= drafted
     if engine_name.startswith(("padded", "cross")) and draft_max:  # the draft model itself drafted, not only lookup
         assert drafted > looked_up, (looked_up, drafted)
+    if engine_name == "tree_engine" and draft_max:  # 4 depths of 3 guesses a round: the siblings were verified
+        assert tree_nodes >= 2 * drafted > 0, (tree_nodes, drafted)
     if engine_name == "lookup_engine" and draft_max:  # both sources drafted (left to itself, the draft model
         assert 0 < looked_up < drafted, (looked_up, drafted)  # does not pay on this target and rarely drafts)
+
+
+def test_a_draft_of_another_tokenizer_drafts_no_trees(default_gguf, retokenized_q4_0_gguf):
+    with pytest.raises(EdgespecError, match="another vocabulary than the target's drafts chains"):
+        edgespec.load(default_gguf, retokenized_q4_0_gguf, n_ctx=1024, tree_width=2)
 
 
 def test_a_draft_of_another_tokenizer_reads_the_chat_template_s_special_tokens(cross_engine):

@@ -106,9 +106,9 @@ def model_options(f):
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
-                  help="Heads draft trees with up to this many candidates per position, in the shape the pass "
-                       "costs pay for (a chain where they do not), verified in one pass (GGUF targets); 1 drafts "
-                       "chains. Other drafts given with bench --also draft chains")
+                  help="Heads and draft models draft trees with up to this many candidates per position, in "
+                       "the shape the pass costs pay for (a chain where they do not), verified in one pass (GGUF "
+                       "targets); 1 drafts chains. Prompt lookup given with bench --also drafts chains")
     @click.option("--gpu-layers", envvar="EDGESPEC_GPU_LAYERS", default=None, metavar="N|all",
                   help="llama.cpp layers on the GPU, target and draft [default: where llama.cpp has a GPU, what "
                        "fits there; env EDGESPEC_GPU_LAYERS]")
@@ -134,7 +134,7 @@ def model_options(f):
                                 gpu_layers=gpu_layers, device=device, budget=budget, kv_type=kv_type,
                                 profiles=profiles)
             other = parse_draft(other_draft) if other_draft is not None else None
-            chains = other is not None and (other.heads is None or other.lookup_first)
+            chains = other is not None and (not other.needs_memory or other.lookup_first)
             width = 1 if chains else tree_width
             return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
                         device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,

@@ -267,6 +267,29 @@ class ModelDrafter(Drafter):
         return tokens, laws
 
 
+    trees = True  # proposes trees too (propose_tree), whose guesses past the first at a node are leaves
+
+    def propose_tree(self, context, shape, params, rng):
+        """The tree `shape` plans (grow_tree): the draft steps along its first guesses, one pass per depth as for a
+        chain, and its later guesses at each depth come from the same row, as leaves (branching False), so only the
+        target's verify pass grows. Nothing is drafted past an end-of-generation token."""
+        seen = self.visible(context)
+        depth = min(shape.depth, self.backend.n_ctx - len(seen))
+        if depth <= 0:
+            return DraftTree([], [], np.zeros((1, self.backend.vocab.n_vocab)))
+        first = sync(self.backend, seen, 1)[0]  # [V]
+        eog = self.backend.vocab.eog_ids
+
+        def expand(path):
+            if not path:
+                return first
+            if len(path) >= depth or path[-1] in eog:
+                return None
+            return self.backend.forward([path[-1]], 1, copy=False)[0]
+
+        return grow_tree(shape, expand, params, rng, len(first))
+
+
 class PromptLookupDrafter(Drafter):
     """Prompt lookup decoding: find the latest earlier occurrence of the context's last n-gram
     (longest n first) and propose the tokens that followed it. Costs no model call."""
