@@ -286,8 +286,9 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
              measure_bandwidth: bool = True):
     """The memory plan for a target and a draft on a device profile (default: this machine) and/or within a
     budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See plan.planner."""
-    from edgespec.plan.planner import make_plan, parse_size
+    from edgespec.plan.planner import make_plan
     from edgespec.plan.profiles import get_profile
+    from edgespec.units import parse_size
 
     if target is None:
         from edgespec.models.default import default_target

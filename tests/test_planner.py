@@ -21,18 +21,16 @@ from edgespec.plan.planner import (
     DRAFT_WINDOWS,
     KV_CHOICES,
     UBATCHES,
-    GiB,
-    MiB,
     compute_bytes,
     kv_bytes,
     llama_ctx,
     make_plan,
     model_need,
-    parse_size,
     requantized,
 )
 from edgespec.plan.profiles import Profile, get_profile, load_profiles
 from edgespec.plan.report import format_plan, predict, refusal, to_dict
+from edgespec.units import GiB, MiB, parse_size
 
 ENV = ("EDGESPEC_PROFILES", "EDGESPEC_DEVICE", "EDGESPEC_BUDGET", "EDGESPEC_TARGET", "EDGESPEC_DRAFT",
        "EDGESPEC_LLAMA_LOG")

@@ -13,6 +13,8 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
+SUBSET_KEY = "edgespec.draft.subset"  # int32 array: the token ids a subset draft's output layer keeps, ascending
+
 
 def lib():
     """gguf-py, or a clear error saying how to install it."""

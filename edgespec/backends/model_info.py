@@ -18,9 +18,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.backends.gguf_file import SUBSET_KEY
 from edgespec.backends.open import is_onnx
 from edgespec.backends.protocol import Vocab
-from edgespec.drafts.subset import SUBSET_KEY
 from edgespec.errors import EdgespecError
 
 

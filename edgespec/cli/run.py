@@ -146,7 +146,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
         raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
             from None
     from edgespec.backends.llama.states import PromptCache, prompt_cache_bytes
-    from edgespec.plan.planner import mib_text
+    from edgespec.units import mib_text
 
     target = load_engine.options["target"]
     onnx = target is not None and is_onnx(target)

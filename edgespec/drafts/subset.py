@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backends import gguf_file
+from edgespec.backends.gguf_file import SUBSET_KEY
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, Vocab, check_forward
 from edgespec.errors import EdgespecError
 
-SUBSET_KEY = "edgespec.draft.subset"  # int32 array: the token ids the draft's output layer keeps, ascending
 SUBSET_UBATCH = 256  # rows per llama.cpp pass: attention scores [n_ctx, n_ubatch, n_head] without flash attention
 
 

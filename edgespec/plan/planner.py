@@ -17,7 +17,6 @@ onnxruntime CPU) with benchmarks/memory.py, which also prints planned against me
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 
 from edgespec.backends.llama.lib import KV_BLOCKS  # module import only: llama_cpp loads on first use
@@ -25,9 +24,9 @@ from edgespec.backends.model_info import ModelInfo
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import MAX_DRAFT
 from edgespec.errors import EdgespecError
-from edgespec.plan.profiles import GiB, Profile
+from edgespec.plan.profiles import Profile
+from edgespec.units import GiB, MiB, mib_text
 
-MiB = 2**20
 KV_CHOICES = tuple(KV_BLOCKS)  # best quality first
 UBATCHES = (512, 256, 128)  # prompt tokens per llama.cpp compute pass: the compute buffer scales with it
 DRAFT_WINDOWS = (1024, 512, 256)  # recent tokens a draft model reads
@@ -115,16 +114,6 @@ class Plan:
     @property
     def missing(self) -> int:
         return max(self.used - self.capacity, 0)
-
-
-def parse_size(text: str, what: str = "budget") -> int:
-    """'6GiB', '6 GB', '512MiB', '1.5G', or a number of bytes; `what` names it in the error."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", str(text).lower())
-    if not m:
-        raise EdgespecError(f"cannot read the {what} '{text}': write it like 6GiB, 6GB or 512MiB")
-    number, prefix, binary = m.groups()
-    scale = (1024 if binary or not prefix else 1000) ** "_kmgt".index(prefix or "_")
-    return int(float(number) * scale)
 
 
 def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
@@ -332,7 +321,3 @@ def requantized(info: ModelInfo, quant: str) -> ModelInfo:
                     else Tensor(t.name, quant.upper(), t.n_elements, int(t.n_elements * bits / 8))
                     for t in info.tensors)
     return replace(info, tensors=tensors, format="gguf")
-
-
-def mib_text(n: int) -> str:
-    return f"{n / MiB:.1f} MiB" if n < 10 * GiB else f"{n / GiB:.2f} GiB"

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.units import GiB
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-GiB = 2**30
 KEYS = ("title", "memory_gib", "unified", "reserve_gib", "bandwidth_gbs", "llama_cpp", "onnxruntime", "source")
 
 

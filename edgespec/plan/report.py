@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from edgespec.decode.cost import expected_tokens
-from edgespec.plan.planner import ModelNeed, Plan, mib_text
+from edgespec.plan.planner import ModelNeed, Plan
+from edgespec.units import mib_text
 
 
 def predict(plan: Plan, acceptance: float, k_max: int = 8) -> dict:

@@ -144,7 +144,7 @@ def prompt_cache_bytes(asked: str | int | None, plan=None) -> int:
     DEFAULT_BYTES, no more than a quarter of the memory available now, and, where a memory plan counts host memory
     (a CPU, or a GPU sharing it), no more than the plan leaves of its budget. A size asked for that the plan's
     budget cannot hold is refused."""
-    from edgespec.plan.planner import mib_text, parse_size
+    from edgespec.units import mib_text, parse_size
 
     counted = plan is not None and not plan.discrete  # the plan's budget is this memory
     left = max(plan.capacity - plan.used, 0) if counted else None
