@@ -89,7 +89,6 @@ def best_shape(kept: Sequence[float], seconds: Callable[[int, int], float], *, m
     for limit in range(1, max_depth + 1):
         parents: list[int] = []
         ranks: list[int] = []
-        depths: list[int] = []
         expected, deepest = 1.0, 0
         # candidates: (-reach, order, parent, rank, depth, the parent's reach); order: ties first come, first added
         heap = [(-kept[0], 0, -1, 0, 1, 1.0)]
@@ -100,7 +99,6 @@ def best_shape(kept: Sequence[float], seconds: Callable[[int, int], float], *, m
             node = len(parents)
             parents.append(parent)
             ranks.append(rank)
-            depths.append(depth)
             expected += reach
             deepest = max(deepest, depth)
             rate = expected / seconds(len(parents), deepest)
