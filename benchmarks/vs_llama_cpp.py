@@ -5,9 +5,9 @@ For each prompt in turn, every system answers it: llama-server plain; llama-serv
 (`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
 (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
 draft or prompt lookup); with --tree-width W, edgespec drafting trees of up to W guesses a position too (a
-second engine on the same files). Beside each drafting system its acceptance (llama-server's draft_n_accepted over draft_n),
-and beside edgespec's the chain bound its costs and acceptance allow (plan/bound.py). Speeds are decode speeds,
-prompt processing left out on both sides, and both count a
+second engine on the same files). Beside each drafting system its acceptance (llama-server's draft_n_accepted
+over draft_n), and beside edgespec's the chain bound its costs and acceptance allow (plan/bound.py). Speeds are
+decode speeds, prompt processing left out on both sides, and both count a
 token for every pass that produced one, the end-of-generation token included: llama-server's own
 `timings.predicted_per_second` (its predicted_n counts the end token; its clock starts at the first token, which
 the prompt's pass produced), edgespec's generated tokens and its end token, if the answer ended on one, over its
