@@ -160,7 +160,7 @@ def test_trees_on_flat_passes_beat_the_chain_and_reach_the_tree_bound():
     costs = {n: pass_seconds(H200_15.target, n) for n in range(1, 17)}
     bound = tree_bound(costs, 0.0, H200_15.head_token, RankAcceptance().kept(0.8), width=3, max_nodes=15,
                        max_depth=8)
-    assert trees > 1.02 * chain
+    assert trees > 1.02 * chain  # virtual seconds from the device's table: the same on any machine, however busy
     assert trees / target_only >= 0.97 * bound.speedup
 
 

@@ -89,6 +89,8 @@ def test_shapes_list_parents_first_and_siblings_in_rank_order():
 
 
 def test_the_tree_bound_is_the_chain_bound_for_one_guess_and_passes_it_where_rows_are_cheap():
+    """Formula values from a cost table (FLAT), no clock read: with one guess a node the tree bound is the chain
+    bound; with three, on rows costing 1 % of a pass, the best tree's formula value is over 5 % above the chain's."""
     kept = RankAcceptance().kept(0.8)
     costs = {n: FLAT[n] for n in range(1, 17)}
     chain = chain_bound(costs, 0.0, 0.05, 0.8, k_max=8)

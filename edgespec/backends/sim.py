@@ -156,13 +156,17 @@ class SimBackend(Backend):
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         """Rows for the last n_logits positions (always a new array, whatever copy says)."""
         check_forward(self, len(tokens), n_logits, MAX_OUTPUTS)
-        seconds = self.seconds(len(tokens))
+        self._charge(len(tokens))
+        self.tokens.extend(tokens)
+        return rows(self.picks[len(self.tokens) - n_logits + 1:len(self.tokens) + 1], self.vocab.n_vocab, self._logit)
+
+    def _charge(self, n: int) -> None:
+        """A pass of n tokens: the clock advances by its seconds (times the jitter's factor)."""
+        seconds = self.seconds(n)
         if self.jitter:
             seconds *= self.rng.lognormal(-self.jitter ** 2 / 2, self.jitter)
         self.clock.advance(seconds)
         self.passes.append(seconds)
-        self.tokens.extend(tokens)
-        return rows(self.picks[len(self.tokens) - n_logits + 1:len(self.tokens) + 1], self.vocab.n_vocab, self._logit)
 
     trees = True  # forward_tree, keep_branch
 
@@ -172,11 +176,7 @@ class SimBackend(Backend):
         depths: list[int] = []
         for parent in parents:
             depths.append(0 if parent < 0 else depths[parent] + 1)
-        seconds = self.seconds(len(tokens))
-        if self.jitter:
-            seconds *= self.rng.lognormal(-self.jitter ** 2 / 2, self.jitter)
-        self.clock.advance(seconds)
-        self.passes.append(seconds)
+        self._charge(len(tokens))
         self._tree = list(tokens)
         return rows(self.picks[len(self.tokens) + 1 + np.asarray(depths)], self.vocab.n_vocab, self._logit)
 

@@ -188,7 +188,8 @@ class RankAcceptance:
 @dataclass
 class TreePlanner:
     """A controller's tree planning (decode/cost.DraftController.trees): the ranks' acceptance learnt from every tree
-    verified, and the best shape for the costs the controller has learnt, made again only when either moved."""
+    verified, and the best shape for the costs the controller has learnt, made again only when either moved by more
+    than rounding (0.001 of a rank's chance, 1 % of a one-row pass)."""
 
     ranks: RankAcceptance = field(default_factory=RankAcceptance)
     _planned: tuple | None = field(default=None, repr=False)  # (key, shape)
@@ -197,9 +198,12 @@ class TreePlanner:
         """The best tree for the next round (best_shape) under `controller`'s costs (verify_cost, drafting_cost: a
         draft step per depth) and acceptance (rank 0's prior)."""
         kept = self.ranks.kept(controller.alpha)
+        one = controller.verify_cost(1)
+        # the best tree depends on costs relative to a one-row pass only: to 1 %, so that the timings every round
+        # moves a little do not make it plan again every round
         key = (tuple(round(q, 3) for q in kept), max_nodes, max_depth, width, branching,
-               round(controller.draft_start, 6), round(controller.draft_cost, 6),
-               tuple(round(controller.verify_cost(n), 5) for n in range(1, max_nodes + 2)))
+               round(controller.draft_start / one, 2), round(controller.draft_cost / one, 2),
+               tuple(round(controller.verify_cost(n) / one, 2) for n in range(2, max_nodes + 2)))
         if self._planned is None or self._planned[0] != key:
             shape = best_shape(kept, lambda nodes, depth: controller.drafting_cost(depth) +
                                controller.verify_cost(nodes + 1), max_nodes=max_nodes, max_depth=max_depth,

@@ -63,8 +63,9 @@ def tree_bound(pass_costs: dict[int, float], draft_start: float, draft_step: flo
     """The best tree's speedup (decode/shape.best_shape) where each node's rank-r guess is the token kept with
     probability kept[r], a round costing a start, a draft step per depth and a pass over its nodes and the root
     (pass_costs given for every length up to max_nodes + 1). Bound.k is the tree's depth, Bound.nodes its size."""
-    shape = best_shape(kept, lambda nodes, depth: (draft_start + depth * draft_step if depth else 0.0) +
-                       pass_costs[nodes + 1], max_nodes=max_nodes, max_depth=max_depth, width=width,
-                       branching=branching)
-    seconds = (draft_start + shape.depth * draft_step if shape.size else 0.0) + pass_costs[shape.size + 1]
-    return Bound(shape.depth, shape.expected * pass_costs[1] / seconds, shape.expected, shape.size)
+    def seconds(nodes: int, depth: int) -> float:
+        return (draft_start + depth * draft_step if depth else 0.0) + pass_costs[nodes + 1]
+
+    shape = best_shape(kept, seconds, max_nodes=max_nodes, max_depth=max_depth, width=width, branching=branching)
+    return Bound(shape.depth, shape.expected * pass_costs[1] / seconds(shape.size, shape.depth), shape.expected,
+                 shape.size)
