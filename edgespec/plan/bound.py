@@ -69,3 +69,26 @@ def tree_bound(pass_costs: dict[int, float], draft_start: float, draft_step: flo
     shape = best_shape(kept, seconds, max_nodes=max_nodes, max_depth=max_depth, width=width, branching=branching)
     return Bound(shape.depth, shape.expected * pass_costs[1] / seconds(shape.size, shape.depth), shape.expected,
                  shape.size)
+
+
+def streams_bound(pass_costs: dict[int, float], draft_step: float, alpha: float, streams: int,
+                  k_max: int | None = None) -> Bound:
+    """The chain bound of `streams` streams generating at once, over the same streams target-only: each round every
+    stream drafts k (the draft's steps joined across streams, draft_step seconds a joined step) and one target pass
+    verifies all streams' k + 1 tokens, streams * (k + 1) rows; target-only, one pass of `streams` rows emits a
+    token a stream. pass_costs: seconds of a pass over n rows, for n = streams and streams * (k + 1). Where a pass
+    of several rows is compute-bound (a CPU), the rows the streams' tokens already fill leave drafting little:
+    batching took the spare compute that one stream's drafts would have used."""
+    if streams not in pass_costs or pass_costs[streams] <= 0:
+        raise ValueError(f"the bound of {streams} streams needs the cost of a pass of {streams} rows")
+    longest = max(pass_costs) // streams - 1
+    k_max = longest if k_max is None else min(k_max, longest)
+    best = Bound(0, 1.0, 1.0)
+    for k in range(1, k_max + 1):
+        rows = streams * (k + 1)
+        if rows not in pass_costs:
+            continue
+        speedup = expected_tokens(alpha, k) * pass_costs[streams] / (k * draft_step + pass_costs[rows])
+        if speedup > best.speedup:
+            best = Bound(k, speedup, expected_tokens(alpha, k))
+    return best
