@@ -21,15 +21,16 @@ from edgespec.backends.model_info import read_model_info
 from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
 from edgespec.backends.open import is_onnx, open_model
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend
-from edgespec.decode.calibrate import agreement, measure_pass_costs, measure_read_cost
+from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Event, Stats, speculate
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.text import render_chat
-from edgespec.drafts.auto import AUTO_DRAFT, auto_draft, choose_draft
+from edgespec.drafts.auto import AUTO_DRAFT
 from edgespec.drafts.base import Drafter
-from edgespec.drafts.spec import open_drafter, parse_draft
+from edgespec.drafts.spec import open_drafter
 from edgespec.errors import EdgespecError
+from edgespec.pair import Pair, resolve_pair
 from edgespec.plan import placement
 from edgespec.tool_calls import MARKERS, ToolSet, chat_history
 
@@ -37,12 +38,6 @@ DEFAULT_DRAFT = AUTO_DRAFT
 MAX_TREE_WIDTH = 4  # candidates per position of a draft tree (a fixed tree 3 deep and 4 wide fills one 16-row pass)
 LONGEST_DRAFT = MAX_OUTPUTS - 1  # the longest draft one verify pass checks (its k drafts and 1 more row)
 K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to LONGEST_DRAFT)
-CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
-    "Sure! Here is a short answer. The sky looks blue because air molecules scatter short (blue) "
-    "wavelengths of sunlight more than long (red) ones; this is called Rayleigh scattering.\n\n"
-    "```python\ndef add(a, b):\n    return a + b\n```\n"
-    "Let me know if you have any other questions."
-)
 
 
 @dataclass
@@ -219,6 +214,30 @@ class Engine:
             pass
         return Result(stream.text, stream.tokens, stream.stats, stream.content, stream.tool_calls)
 
+    # What the server serves (server/app.py Served), as a Parallel offers it: an Engine is one stream of one.
+    @property
+    def engines(self) -> tuple[Engine]:
+        """Its streams, an Engine each: itself (a Parallel has one a stream)."""
+        return (self,)
+
+    @property
+    def name(self) -> str:
+        """The target's name (its file's)."""
+        return self.target.name
+
+    @property
+    def draft_name(self) -> str:
+        """The draft model's name, else the drafter's (prompt lookup, heads), else "none"."""
+        if self.draft_backend is not None:
+            return self.draft_backend.name
+        return self.drafter.name if self.drafter is not None else "none"
+
+    def begin(self, stream: int) -> None:
+        """Stream `stream` (0, the only one) starts a generation: there is no other to share its passes with."""
+
+    def end(self, stream: int) -> None:
+        """Stream `stream` ended its generation."""
+
     def cache_prompts(self, cache) -> bool:
         """Keep the states of the prompts the models read in `cache` (a backends.llama.states.PromptCache, None:
         stop), so a conversation's next turn starts from its saved state after other requests took the models'
@@ -258,46 +277,19 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
     return tokens
 
 
-def resolve_model(model):
-    """A hub name (org/repo[:QUANT][@REVISION] that is no file or folder here) as its GGUF in the hub cache,
-    downloaded if need be (models/hub.py); any other model as it is."""
-    from edgespec.models import hub
-
-    return hub.resolve_gguf(model) if hub.is_hub_name(model) else model
-
-
-def resolve_pair(target, draft) -> tuple[str, str | os.PathLike | None, dict]:
-    """The target's file (the default model's for None; a hub name fetched: resolve_model), the draft ("auto"
-    chosen for that target: choose_draft) and the record of that choice (Engine.draft_choice)."""
-    if target is None:
-        from edgespec.models.default import default_target
-
-        target = default_target()
-    choice = {"draft": "none" if draft is None else str(draft), "reason": "asked for", "auto": False}
-    if draft == AUTO_DRAFT:
-        choice = {**choose_draft(target), "auto": True}
-        draft = choice.pop("path", choice["draft"])
-    return resolve_model(target), draft, choice
-
-
-def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
              device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
              kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
              measure_bandwidth: bool = True):
-    """The memory plan for a target and a draft on a device profile (default: this machine) and/or within a
-    budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded. See plan.planner."""
+    """The memory plan for a target and a draft (or a Pair resolved already) on a device profile (default: this
+    machine) and/or within a budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded.
+    See plan.planner."""
     from edgespec.plan.planner import make_plan
     from edgespec.plan.profiles import get_profile
     from edgespec.units import parse_size
 
-    if target is None:
-        from edgespec.models.default import default_target
-
-        target = default_target()
-    if draft == AUTO_DRAFT:
-        draft = auto_draft(target)
-    target = resolve_model(target)
-    spec = parse_draft(draft).resolved().inner  # prompt lookup in front of a draft needs no memory of its own
+    pair = resolve_pair(target, draft)
+    target, spec = pair.target, pair.draft.inner  # prompt lookup in front of a draft needs no memory of its own
     kind = {"none": "none", "lookup": "ngram", "model": "model"}.get(spec.kind, "heads")
     target_info = read_model_info(target)
     heads_bytes = None
@@ -319,7 +311,7 @@ def plan_for(target: str | os.PathLike | None = None, draft: str | os.PathLike |
                      kv_type=kv_type, drafter=kind, k_max=k_max, heads_bytes=heads_bytes)
 
 
-def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
          profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
@@ -328,7 +320,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
 
     Args:
         target: a GGUF file, an ONNX export folder, or a GGUF on the Hugging Face hub by name,
-            org/repo[:QUANT][@REVISION] (models/hub.py); None for the default model (SmolLM2-135M-Instruct).
+            org/repo[:QUANT][@REVISION] (models/hub.py); None for the default model (SmolLM2-135M-Instruct); or
+            a Pair (pair.resolve_pair) of a target and a draft resolved already, `draft` then unread.
         draft: "auto" (the default: prompt lookup, with the shipped EAGLE head behind it on an ONNX export of the
             default model, where bench measured that faster; for a target by hub name, a smaller model with its
             vocabulary found in the hub cache or the catalogue, choose_draft), "ngram" (prompt lookup), "none", a
@@ -362,8 +355,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     from edgespec.plan.planner import DEFAULT_CTX, DRAFT_WINDOWS
     from edgespec.plan.report import refusal
 
-    target, draft, choice = resolve_pair(target, draft)
-    draft = parse_draft(draft).resolved()
+    pair = resolve_pair(target, draft)
+    target, draft = pair.target, pair.draft
     if n_ctx is not None and n_ctx < 16:
         raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
@@ -385,7 +378,7 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     draft_settings = dict(settings)
     window = DRAFT_WINDOWS[0]
     if device is not None or budget is not None:
-        plan = plan_for(target, draft, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, k_max=k_max,
+        plan = plan_for(pair, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, k_max=k_max,
                         profiles=profiles, measure_bandwidth=False)
         if not plan.fits:
             raise EdgespecError(refusal(plan))
@@ -415,15 +408,8 @@ def load(target: str | os.PathLike | None = None, draft: str | os.PathLike | Non
     except BaseException:
         target_backend.close()
         raise
-    controller = None
-    if drafter is not None:
-        k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
-        controller = DraftController(measure_pass_costs(target_backend, k_max * tree_width + 1), draft_cost, k_max)
-    if draft_backend is not None:
-        model = getattr(drafter, "inner", drafter)  # behind prompt lookup (ngram+)
-        if model.pairing != "cross-tokenizer":  # a prior on acceptance, so a good draft model is used from the start
-            a = agreement(target_backend, model.backend, target_backend.tokenize(CALIBRATION_TEXT, special=True))
-            controller.set_prior(a)
-        controller.read_cost = measure_read_cost(draft_backend)  # what catching up on skipped text costs it
+    k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
+    pass_costs = measure_pass_costs(target_backend, k_max * tree_width + 1) if drafter is not None else {}
+    controller = controller_for(target_backend, drafter, draft_backend, pass_costs, draft_cost, k_max)
     return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate,
-                  draft_choice=choice)
+                  draft_choice=dict(pair.choice))

@@ -15,22 +15,23 @@ of rows computed beside others' (a near-tie may flip, as answer_many's do). ONNX
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgespec.api import CALIBRATION_TEXT, K_MAX, Engine, Result, resolve_pair
+from edgespec.api import K_MAX, Engine, Result
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.model_info import read_model_info
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.decode.calibrate import agreement, measure_pass_costs, measure_read_cost
-from edgespec.decode.cost import DraftController
+from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
-from edgespec.drafts.spec import model_drafter, parse_draft
+from edgespec.drafts.spec import model_drafter
 from edgespec.errors import EdgespecError
+from edgespec.pair import Pair, resolve_pair
 from edgespec.plan import placement
 from edgespec.plan.placement import ALL_LAYERS, gpu_name
 from edgespec.plan.planner import CTX_STEP
@@ -74,7 +75,7 @@ def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
     return unified, n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # a pool rounded up as llama.cpp does
 
 
-def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = "ngram", *,
+def auto_streams(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = "ngram", *,
                  n_ctx: int = 2048, gpu_layers: int | str | None = None, device: str | None = None,
                  budget: str | int | None = None, kv_type: str | None = None,
                  profiles: str | os.PathLike | None = None, tree_width: int = 1) -> tuple[int, str]:
@@ -83,13 +84,13 @@ def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLi
     the model was trained for that many contexts of n_ctx tokens and their KV caches fit: the memory plan for the
     device (this machine unless `device`) within `budget`, with as many of the target's layers on a GPU as one
     stream's plan; fewer streams where that many do not fit; 1 (one Engine, one request at a time) otherwise.
-    Reads headers only."""
+    Reads headers only. target: also a Pair resolved already (pair.resolve_pair), `draft` then unread."""
     from edgespec.api import plan_for
 
     if tree_width > 1:
         return 1, "draft trees run one stream at a time"
-    target, draft, _ = resolve_pair(target, draft)
-    spec = parse_draft(draft).resolved()
+    pair = resolve_pair(target, draft)
+    target, spec = pair.target, pair.draft
     refused = _one_stream(target, spec)
     if refused:
         return 1, refused
@@ -101,7 +102,7 @@ def auto_streams(target: str | os.PathLike | None = None, draft: str | os.PathLi
     planned = device is not None or budget is not None  # else loaded as asked: f16 KV cache, every layer on a GPU
 
     def plan(streams: int):
-        return plan_for(target, str(spec), device=device, budget=budget, n_ctx=cells * streams,
+        return plan_for(pair, device=device, budget=budget, n_ctx=cells * streams,
                         kv_type=kv_type or (None if planned else "f16"), profiles=profiles, measure_bandwidth=False)
 
     one = plan(1)
@@ -127,15 +128,15 @@ class Parallel:
     and draft layers on the GPU (default: all where this llama.cpp has a GPU). device, budget, kv_type, profiles:
     plan the memory of `streams` contexts (api.plan_for) and refuse what cannot fit before any weights load."""
 
-    def __init__(self, target: str | os.PathLike | None = None, draft: str | os.PathLike | None = "ngram", *,
+    def __init__(self, target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = "ngram", *,
                  streams: int = 4, n_ctx: int = 2048, threads: int | None = None, gpu_layers: int | str | None = None,
                  k_max: int = K_MAX, device: str | None = None, budget: str | int | None = None,
                  kv_type: str | None = None, profiles: str | os.PathLike | None = None):
         if not 1 <= streams <= MAX_OUTPUTS:
             raise EdgespecError(f"streams must be 1 to {MAX_OUTPUTS} (the sequences a context holds), got {streams}")
-        target, draft, choice = resolve_pair(target, draft)
-        self.draft_choice = choice
-        spec = parse_draft(draft).resolved()
+        pair = resolve_pair(target, draft)
+        target, spec = pair.target, pair.draft
+        self.draft_choice = dict(pair.choice)
         refused = _one_stream(target, spec)
         if refused:
             raise EdgespecError(refused)
@@ -154,7 +155,7 @@ class Parallel:
             from edgespec.api import plan_for
             from edgespec.plan.report import refusal
 
-            self.plan = plan_for(target, str(spec), device=device, budget=budget, n_ctx=cells * streams,
+            self.plan = plan_for(pair, device=device, budget=budget, n_ctx=cells * streams,
                                  kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False)
             if not self.plan.fits:
                 raise EdgespecError(f"{streams} streams of {n_ctx} tokens: {refusal(self.plan)}")
@@ -179,7 +180,7 @@ class Parallel:
                                           streams + k_max)
             self._k_max, self._active = k_max, set()
             costs = self._batch_costs(1)
-            draft_cost, prior, read_cost = 0.0, None, None
+            draft_cost = 0.0
             if spec.kind == "model":
                 # its steps join those of the other streams drafting (backends/llama/streams.py), but a step is
                 # priced whole, as if the others did not draft: what it adds to the round where it drafts alone
@@ -188,27 +189,16 @@ class Parallel:
                 # against 97 target-only, the draft model declined (docs/results/2026-11-27-streams-draft.md)
                 self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings, self.target)
                 draft_cost = measure_pass_costs(self.draft.stream(0), 1)[1]
-                read_cost = measure_read_cost(self.draft.stream(0))
-            self.engines: list[Engine] = []
-            for i in range(streams):
-                drafter = None
-                if self.draft is not None:
-                    drafter = model_drafter(self.draft.stream(i), self.target.backend.vocab, quiet=i > 0)
-                    if prior is None and drafter.pairing != "cross-tokenizer":  # as api.load sets it, once
-                        calibration = self.target.stream(0).tokenize(CALIBRATION_TEXT, special=True)
-                        prior = agreement(self.target.stream(0), drafter.backend, calibration)
-                elif spec.kind == "lookup":
-                    drafter = PromptLookupDrafter(self.target.backend.vocab.n_vocab)
-                controller = None
-                if drafter is not None:
-                    controller = DraftController(dict(costs), draft_cost, k_max, learn_costs=False)
-                if controller is not None and prior is not None:
-                    controller.set_prior(prior)
-                if controller is not None and read_cost is not None:
-                    controller.read_cost = read_cost
-                self.engines.append(Engine(self.target.stream(i), drafter, controller,
-                                           self.draft.stream(i) if self.draft else None, self.plan,
-                                           draft_choice=choice))
+            draft_streams = [self.draft.stream(i) if self.draft else None for i in range(streams)]
+            drafters = [model_drafter(backend, self.target.backend.vocab, quiet=i > 0) if backend is not None
+                        else PromptLookupDrafter(self.target.backend.vocab.n_vocab) if spec.kind == "lookup" else None
+                        for i, backend in enumerate(draft_streams)]
+            # one controller built for the pair (its prior and reading cost measured once), a copy a stream
+            first = controller_for(self.target.stream(0), drafters[0], draft_streams[0], costs, draft_cost, k_max,
+                                   learn_costs=False)
+            self.engines: list[Engine] = [
+                Engine(self.target.stream(i), drafter, copy.deepcopy(first), draft_streams[i], self.plan,
+                       draft_choice=self.draft_choice) for i, drafter in enumerate(drafters)]
         except BaseException:
             self.close()
             raise
@@ -220,9 +210,7 @@ class Parallel:
 
     @property
     def draft_name(self) -> str:
-        if self.draft is not None:
-            return self.draft.backend.name
-        return self.engines[0].drafter.name if self.engines[0].drafter is not None else "none"
+        return self.engines[0].draft_name
 
     def placement(self) -> dict:
         """Where the models run (Engine.placement), with the number of streams."""

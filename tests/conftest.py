@@ -153,6 +153,6 @@ def subset_gguf(q4_0_gguf, tmp_path_factory):
     first), as edgespec draft-vocab writes it."""
     import numpy as np
 
-    from edgespec.drafts.subset import write_subset
+    from edgespec.backends.llama.subset import write_subset
 
     return write_subset(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-s8k.gguf", np.arange(8192))

@@ -250,7 +250,7 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     from transformers import LlamaForCausalLM
 
     from edgespec.api import load
-    from edgespec.drafts.subset import SubsetDraft, read_subset
+    from edgespec.backends.llama.subset import SubsetDraft, read_subset
     from edgespec.export import export
     from edgespec.train.distill import distill
 

@@ -4,6 +4,7 @@ from fake import FakeBackend, make_vocab, random_table
 
 from edgespec.backends.protocol import Vocab, check_compatible, common_prefix, sync
 from edgespec.decode.cost import DraftController
+from edgespec.decode.loop import draft_length
 from edgespec.drafts.base import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from edgespec.drafts.ngram import lookup
 from edgespec.errors import EdgespecError
@@ -32,22 +33,39 @@ def test_lookup_repeats_a_period_that_reaches_the_end_of_the_context():
 
 
 def test_lookup_offers_what_it_found_and_nothing_where_that_does_not_pay():
-    """The controller prices the length it chooses, up to what lookup found (k: a match always gives k, repeating
-    its period), or none where no length is faster than the target alone; nothing where lookup found nothing."""
+    """The drafter offers the length of its match; the controller (draft_length, the one place a round's length is
+    decided) prices the length it chooses up to that (k: a match always gives k, repeating its period), or none
+    where no length is faster than the target alone; in front of a draft model, lookup's own controller
+    (lookup_rounds) decides where lookup has a match, the draft model's where it has none."""
     costs = {1: 1.0, 2: 2.5, **{n: 2.5 + 0.1 * (n - 2) for n in range(3, 10)}}
-    sure = DraftController(costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)  # every guess is kept
-    assert sure.choose() == 8
-    slow = DraftController({n: 1.2 * n for n in range(1, 10)}, 0.0, k_max=8, accepted=100.0, rejected=0.01)
+    slow_costs = {n: 1.2 * n for n in range(1, 10)}  # a pass of n tokens costs 1.2 n: no length pays
     found, none = [3, 4, 5, 9, 3, 4, 5], [1, 2, 3]  # lookup finds [9, 3, 4, 5, 9, ...] and nothing
     first = LookupFirstDrafter(ModelDrafter(FakeBackend(random_table(np.random.default_rng(0), 16))), 16, min_ngram=1)
-    for drafter in (PromptLookupDrafter(16), first):  # in front of a draft model, lookup's own controller decides
-        for controller, k in ((sure, 8), (slow, 0)):  # a pass of n tokens costs 1.2 n: no length pays
-            first.lookup_controller = DraftController(controller.target_costs, 0.0, k_max=8, accepted=100.0,
-                                                      rejected=0.01)
-            assert drafter.lookup_length(found, controller, 8) == k
-        assert drafter.lookup_length(found, slow, 8, fixed=True) == 8  # a length the caller fixed is the caller's
-        assert drafter.lookup_length(none, sure, 8) == (0 if drafter.free else 8)  # the inner drafter's k
+    lone = PromptLookupDrafter(16)
+    assert (lone.offer(found, 5), lone.offer(none, 5), first.offer(found, 5), first.offer(none, 5)) == (5, 0, 5, None)
+    for drafter in (lone, first):
+        for pass_costs, k in ((costs, 8), (slow_costs, 0)):
+            controller = DraftController(pass_costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)  # all guesses kept
+            lookup = controller.lookup_rounds()
+            lookup.accepted, lookup.rejected = 100.0, 0.01
+            assert draft_length(drafter, controller, found) == k
+            assert draft_length(drafter, controller, found, draft_max=8) == 8  # a length the caller fixed
+        sure = DraftController(costs, 0.0, k_max=8, accepted=100.0, rejected=0.01)
+        assert draft_length(drafter, sure, none) == (0 if drafter.free else 8)  # the draft model's choice
         assert drafter.propose(found, 6, None, None)[0] == [9, 3, 4, 5, 9, 3]
+
+
+def test_lookups_controller_shares_the_pass_costs_and_keeps_what_it_learnt_when_they_are_replaced():
+    """A Parallel replaces a stream's pass costs whenever a stream begins or ends (set_pass_costs): lookup's
+    controller prices by the new ones and keeps the acceptance it learnt."""
+    controller = DraftController({n: 1.0 + 0.1 * n for n in range(1, 10)}, 0.0, k_max=8)
+    lookup = controller.lookup_rounds()
+    assert lookup.target_costs is controller.target_costs and lookup.draft_cost == 0.0
+    lookup.observe(4, 4, 0.0, 1.4)
+    accepted = lookup.accepted
+    controller.set_pass_costs({n: 2.0 + 0.1 * n for n in range(1, 10)})
+    assert controller.lookup_rounds() is lookup and lookup.target_costs is controller.target_costs
+    assert lookup.accepted == accepted > 1.0
 
 
 def test_common_prefix_and_sync_reuse_the_cache():

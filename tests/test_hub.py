@@ -217,8 +217,8 @@ def test_the_coder_draft_is_named_by_its_file_in_a_repository_of_two_q4_k_m():
 # --- the cache, offline --------------------------------------------------------------------------------------------
 
 def test_names_resolve_offline_from_the_cached_snapshot(populated, ggufs):
-    from edgespec.api import resolve_model
     from edgespec.drafts.spec import parse_draft
+    from edgespec.pair import resolve_model
 
     snapshot = populated / f"models--{TARGET.replace('/', '--')}" / "snapshots" / COMMIT
     assert hub.resolve_gguf(f"{TARGET}:q8_0") == snapshot / "smollm2-135m-instruct-q8_0.gguf"

@@ -394,7 +394,7 @@ def test_lookup_rounds_teach_the_controller_nothing_about_the_draft():
     # the draft model did not read every round: it caught up only for the rounds it drafted
     assert len([c for c in draft.calls if c[0] > 1]) <= inner_rounds + 1
     # lookup's rounds taught lookup's controller, which shares the target's pass costs
-    lookup = drafter.lookup_controller
+    lookup = ctl.lookup_rounds()
     assert lookup.target_costs is ctl.target_costs and lookup.alpha > 0.8 and lookup.draft_cost < 0.01
 
 

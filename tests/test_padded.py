@@ -6,10 +6,10 @@ import pytest
 from fake import EOS, FakeBackend, make_vocab, random_table
 from test_loop import GREEDY, check_target_law, run, tokens_of
 
+from edgespec.backends.padded import PaddedDraft
 from edgespec.backends.protocol import VOCAB_PADDING, Vocab, check_compatible
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafts.base import ModelDrafter
-from edgespec.drafts.padded import PaddedDraft
 from edgespec.errors import EdgespecError
 
 T = 7  # the target's ids; drafts of T - 1 (lacking the last) and T + 1 (one the target lacks)

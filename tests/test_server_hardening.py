@@ -328,10 +328,10 @@ def test_serve_runs_as_many_streams_as_fit_unless_told(monkeypatch):
     opened = []
 
     class Opened:  # what serve reads of a Parallel, its streams over fakes
-        def __init__(self, target, draft, *, streams, **settings):
+        def __init__(self, pair, *, streams, **settings):  # the CLI resolved the pair once (pair.Pair)
             opened.append(streams)
             self.engines = [Engine(Utf8Fake(), None, None) for _ in range(streams)]
-            self.draft_choice = {"draft": str(draft), "reason": "asked for", "auto": False}
+            self.draft_choice = dict(pair.choice)
 
         def close(self):
             pass
@@ -392,7 +392,7 @@ def test_with_two_streams_two_requests_generate_at_once_and_the_queue_counts_pas
 
 
 def test_admission_hands_free_slots_out_first_come_first_served():
-    from edgespec.server_limits import Admission
+    from edgespec.server.limits import Admission
 
     async def scenario():
         admission = Admission(size=5, slots=2)

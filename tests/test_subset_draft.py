@@ -1,4 +1,4 @@
-"""A draft drafting from a subset of the vocabulary (drafts/subset.py), on the real SmolLM2 model: it
+"""A draft drafting from a subset of the vocabulary (backends/llama/subset.py), on the real SmolLM2 model: it
 computes what the full draft computes on its tokens, nothing off them, and refuses bad input leaving no file."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 
 import edgespec
 from edgespec.backends.llama.backend import LlamaBackend
+from edgespec.backends.llama.subset import SubsetDraft, read_subset, write_subset
 from edgespec.backends.model_info import read_model_info
-from edgespec.drafts.subset import SubsetDraft, read_subset, write_subset
 from edgespec.errors import EdgespecError
 
 pytestmark = pytest.mark.slow

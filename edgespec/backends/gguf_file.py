@@ -67,21 +67,6 @@ def n_params(path: str | os.PathLike) -> int:
     return int(sum(int(t.n_elements) for t in open_gguf(path).tensors))
 
 
-def tokenizer_of(path: str | os.PathLike) -> tuple[tuple[bytes, ...], int, int]:
-    """(token texts, BOS id, EOS id) from a GGUF's metadata (-1 for an id it does not give)."""
-    reader = open_gguf(path)
-    field = reader.fields.get("tokenizer.ggml.tokens")
-    if field is None:
-        raise EdgespecError(f"{path} has no tokenizer in its metadata")
-    texts = tuple(bytes(field.parts[i]) for i in field.data)
-
-    def scalar(key: str) -> int:
-        f = reader.fields.get(key)
-        return int(f.parts[f.data[0]][0]) if f is not None else -1
-
-    return texts, scalar("tokenizer.ggml.bos_token_id"), scalar("tokenizer.ggml.eos_token_id")
-
-
 def architecture(reader) -> str:
     return reader.fields[lib().Keys.General.ARCHITECTURE].contents()
 

@@ -48,7 +48,7 @@ class ModelInfo:
     n_ctx_train: int
     tensors: tuple[Tensor, ...] = field(repr=False)
     kv_dtype_bytes: float = 2.0  # ONNX: the past key/values' element size; GGUF: chosen at load (f16 default)
-    draft_vocab: int = 0  # GGUF: the tokens a subset draft drafts from (drafts/subset.py); 0: all
+    draft_vocab: int = 0  # GGUF: the tokens a subset draft drafts from (backends/llama/subset.py); 0: all
 
     @property
     def name(self) -> str:
@@ -56,7 +56,7 @@ class ModelInfo:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes held: the file's tensors, and a subset draft's output rows besides (drafts/subset.py: its
+        """Bytes held: the file's tensors, and a subset draft's output rows besides (backends/llama/subset.py: its
         input embeddings stay whole, its output layer is a copy of the subset's rows)."""
         return sum(t.n_bytes for t in self.tensors) + self._subset_rows_bytes()
 

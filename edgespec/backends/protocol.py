@@ -47,7 +47,7 @@ VOCAB_PADDING = 128
 def check_compatible(target: Vocab, draft: Vocab, *, padding: int = VOCAB_PADDING) -> str:
     """How a draft's vocabulary relates to the target's: "exact" (the same tokens) or "padded" (the same tokens on
     the ids both have, and at most `padding` ids more or fewer, which the draft never proposes or never has:
-    drafts/padded.py). Raise EdgespecError naming the first difference otherwise: sizes further apart, another BOS
+    backends/padded.py). Raise EdgespecError naming the first difference otherwise: sizes further apart, another BOS
     or EOS, other end-of-generation ids, or another token text on an id both have."""
     if abs(target.n_vocab - draft.n_vocab) > padding:
         raise EdgespecError(

@@ -10,7 +10,6 @@ import click
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, Engine
 from edgespec.cli.models import print_choice
 from edgespec.cli.options import Finite, Seed, Temperature, model_options, plan_options, read_schema, status
-from edgespec.drafts.auto import AUTO_DRAFT, auto_draft
 from edgespec.drafts.spec import open_drafter, parse_draft
 from edgespec.errors import EdgespecError
 
@@ -101,19 +100,21 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
     auto, each stream --ctx tokens, 2048 by default). Exits 1 when the models do not fit.
     """
     from edgespec.api import plan_for
+    from edgespec.pair import resolve_pair
     from edgespec.plan.report import format_plan, predict, to_dict
 
     if pair:
         from edgespec.export.pair import read_manifest
 
         target, draft = read_manifest(pair)
-    result = plan_for(target, draft, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, profiles=profiles)
+    resolved = resolve_pair(target, draft)  # once, for the plan and for serve's streams
+    result = plan_for(resolved, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, profiles=profiles)
     prediction = predict(result, acceptance)
     report = to_dict(result, prediction)
     if result.fits:  # what `edgespec serve` would run at once with these settings (--parallel auto)
         from edgespec.parallel import auto_streams
 
-        streams, why = auto_streams(target, draft, n_ctx=n_ctx or 2048, device=device, budget=budget,
+        streams, why = auto_streams(resolved, n_ctx=n_ctx or 2048, device=device, budget=budget,
                                     kv_type=kv_type, profiles=profiles)
         report["serve_streams"] = {"streams": streams, "why": why}
     if as_json:
@@ -248,8 +249,7 @@ def advise(load_engine, also, prompts_file, per_category, max_tokens, temperatur
     options = load_engine.options
     # a shipped draft's name or a hub name: its file, which advise reads
     also = [str(parse_draft(other).resolved()) for other in also]
-    draft = auto_draft(options["target"]) if options["draft"] == AUTO_DRAFT else options["draft"]
-    names = [str(parse_draft(draft).resolved()), *also]
+    names = [str(load_engine.pair().draft), *also]
     if "none" in names:
         raise EdgespecError("advise compares a draft with target-only decoding: give a draft, not 'none'")
     if len(set(names)) < len(names):

@@ -10,8 +10,8 @@ import click
 
 from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
 from edgespec.decode.sampling import MIN_TEMPERATURE
-from edgespec.drafts.spec import parse_draft
 from edgespec.errors import EdgespecError
+from edgespec.pair import Pair, resolve_pair
 
 
 class Finite(click.FloatRange):
@@ -124,24 +124,31 @@ def model_options(f):
             from edgespec.export.pair import read_manifest
 
             target, draft = read_manifest(pair)
+        resolved = {}
+
+        def pair_of(other_draft=None) -> Pair:
+            """The target with the draft (another one bench compares), resolved once (pair.resolve_pair)."""
+            key = other_draft or draft
+            if key not in resolved:
+                resolved[key] = resolve_pair(target, key)
+            return resolved[key]
+
         def load_engine(other_draft=None, streams=1, **extra):
+            pair = pair_of(other_draft)
             if streams > 1:  # several generations at once on one llama.cpp context (edgespec/parallel.py)
                 from edgespec.parallel import Parallel
 
                 if tree_width > 1:
                     raise EdgespecError("draft trees run one stream at a time: drop --tree-width or --parallel")
-                return Parallel(target, other_draft or draft, streams=streams, n_ctx=n_ctx or 2048, threads=threads,
-                                gpu_layers=gpu_layers, device=device, budget=budget, kv_type=kv_type,
-                                profiles=profiles)
-            other = parse_draft(other_draft) if other_draft is not None else None
-            chains = other is not None and (not other.needs_memory or other.lookup_first)
+                return Parallel(pair, streams=streams, n_ctx=n_ctx or 2048, threads=threads, gpu_layers=gpu_layers,
+                                device=device, budget=budget, kv_type=kv_type, profiles=profiles)
+            chains = other_draft is not None and (not pair.draft.needs_memory or pair.draft.lookup_first)
             width = 1 if chains else tree_width
-            return load(target, other_draft or draft, n_ctx=n_ctx, threads=threads, provider=provider,
-                        device=device, budget=budget, kv_type=kv_type, profiles=profiles, tree_width=width,
-                        gpu_layers=gpu_layers, **extra)
+            return load(pair, n_ctx=n_ctx, threads=threads, provider=provider, device=device, budget=budget,
+                        kv_type=kv_type, profiles=profiles, tree_width=width, gpu_layers=gpu_layers, **extra)
 
-        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile); "auto"
-        # is resolved by load (which records what it chose and why) or, for advise, by auto_draft
+        load_engine.pair = pair_of  # what a command reads before it loads (serve's streams, advise's drafts)
+        # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
                                "threads": threads, "provider": provider, "budget": budget, "n_ctx": n_ctx,
                                "kv_type": kv_type, "gpu_layers": gpu_layers, "tree_width": tree_width}

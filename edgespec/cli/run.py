@@ -159,7 +159,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
     else:
         from edgespec.parallel import auto_streams
 
-        streams, chosen = auto_streams(target, options["draft"], n_ctx=options["n_ctx"] or 2048,
+        streams, chosen = auto_streams(load_engine.pair(), n_ctx=options["n_ctx"] or 2048,
                                        gpu_layers=options["gpu_layers"], device=options["device"],
                                        budget=options["budget"], kv_type=options["kv_type"],
                                        profiles=options["profiles"], tree_width=options["tree_width"])
@@ -170,7 +170,7 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
            + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and (parallel or 1) > 1 else ""))
     if chosen:
         how += f" (--parallel auto: {chosen})"
-    first = engine.engines[0] if streams > 1 else engine
+    first = engine.engines[0]
     try:
         size = prompt_cache_bytes(prompt_cache, first.plan)
     except EdgespecError:

@@ -9,6 +9,32 @@ import time
 from collections.abc import Callable, Sequence
 
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, forward_rows
+from edgespec.decode.cost import DraftController
+
+CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreement prior at load
+    "Sure! Here is a short answer. The sky looks blue because air molecules scatter short (blue) "
+    "wavelengths of sunlight more than long (red) ones; this is called Rayleigh scattering.\n\n"
+    "```python\ndef add(a, b):\n    return a + b\n```\n"
+    "Let me know if you have any other questions."
+)
+
+
+def controller_for(target: Backend, drafter, draft_backend: Backend | None, pass_costs: dict[int, float],
+                   draft_cost: float, k_max: int, *, learn_costs: bool = True) -> DraftController | None:
+    """The controller of a loaded pair, the one place one is built (api.load; parallel.Parallel, once for its
+    streams): None without a drafter. pass_costs: a verify pass's seconds per length; draft_cost: a draft step's.
+    For a draft model, a prior on acceptance so that a good one is used from the start (how often its greedy
+    choices agree with the target's on CALIBRATION_TEXT; none for another tokenizer, whose tokens are not the
+    target's) and what reading the text it skipped costs it."""
+    if drafter is None:
+        return None
+    controller = DraftController(dict(pass_costs), draft_cost, k_max, learn_costs=learn_costs)
+    if draft_backend is not None:
+        model = getattr(drafter, "inner", drafter)  # behind prompt lookup (ngram+)
+        if model.pairing != "cross-tokenizer":
+            controller.set_prior(agreement(target, model.backend, target.tokenize(CALIBRATION_TEXT, special=True)))
+        controller.read_cost = measure_read_cost(draft_backend)
+    return controller
 
 
 def agreement(target: Backend, draft: Backend, tokens: list[int]) -> float:

@@ -123,6 +123,7 @@ class DraftController:
     _surveyed: tuple | None = field(default=None, repr=False, compare=False)  # ((accepted, rejected), _survey's answer)
     _spent: tuple | None = field(default=None, repr=False, compare=False)  # _spending's answer
     trees: TreePlanner = field(default_factory=TreePlanner, repr=False, compare=False)  # tree rounds' shapes
+    _lookup: DraftController | None = field(default=None, repr=False, compare=False)  # lookup_rounds'
 
     def __post_init__(self):
         self._steps = StepFit((self.draft_start, self.draft_cost))  # the draft's step costs, drawn towards load's
@@ -378,6 +379,16 @@ class DraftController:
             for m in self.target_costs:
                 if m > 1 and m not in self._timed:
                     self.target_costs[m] *= factor
+
+    def lookup_rounds(self) -> DraftController:
+        """The controller of the rounds prompt lookup drafts in front of this one's drafter (ngram+ a draft model or
+        heads): their own acceptance, no draft cost, this one's pass costs (shared, also once set_pass_costs
+        replaced them); they teach this one nothing."""
+        if self._lookup is None:
+            self._lookup = DraftController({}, 0.0, self.k_max)
+        if self._lookup.target_costs is not self.target_costs:
+            self._lookup.share_pass_costs(self)
+        return self._lookup
 
     def share_pass_costs(self, other: DraftController) -> None:
         """Price verify passes by `other`'s costs, the same dict, each one's rounds moving both (prompt lookup in front

@@ -169,6 +169,9 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
     started = False  # the next round's pass is under way
     k_next = None  # the next round's length, where it was chosen before this round's tokens were handed out
 
+    def length(room: int, left: int) -> int:  # the next round's, with `room` cells free and `left` tokens to go
+        return min(draft_length(drafter, controller, committed, draft_max, gated), room - 1, left - 1)
+
     t_start = clock()
     if drafter is not None:  # a drafter that follows the target's states starts without one
         drafter.reset()
@@ -188,8 +191,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             if room <= 0:
                 stats.finish_reason = "context"
                 break
-            k = k_next if k_next is not None else _length(drafter, controller, committed, draft_max, gated, room,
-                                                          max_tokens - stats.generated)
+            k = k_next if k_next is not None else length(room, max_tokens - stats.generated)
             if k > 0:  # untimed for the controller: catching up is not a cost of drafting k more
                 t = clock()
                 drafter.catch_up(committed)
@@ -229,7 +231,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
                     stats.lookup_accepted += n_acc
             learn = None  # what a round the drafter sat out teaches, learnt once the next pass has started
             if drafter is not None:  # a round drafted by prompt lookup in front of the drafter teaches lookup's own
-                learner = drafter.lookup_controller if looked_up else controller
+                learner = controller.lookup_rounds() if looked_up else controller
                 if k_round:
                     learner.observe(k_round, n_acc, t1 - t0, t2 - t1, pass_tokens=n_pass, draft_steps=steps)
                 else:
@@ -243,7 +245,7 @@ def _rounds(target, drafter, controller, committed, params, rng, max_tokens, sto
             left = max_tokens - stats.generated - len(kept)
             k_next, started = None, False
             if left > 0 and len(committed) < target.n_ctx and eog.isdisjoint(kept):  # another round follows
-                k_next = _length(drafter, controller, committed, draft_max, gated, target.n_ctx - len(committed), left)
+                k_next = length(target.n_ctx - len(committed), left)
                 started = k_next == 0 and target.prefetch([token])
             # learnt while the next pass computes, where one started: the round after next is the first that this
             # round's score can move, so that a declined draft costs target-only decoding nothing
@@ -285,22 +287,28 @@ def _learn_declined(learner, draft_s, target_s, n_pass, row_law, guess, steps) -
         learner.observe_shadow(rule.acceptance(row_law, rule.as_laws(probs, 1)[0], tokens[0]))
 
 
-def _length(drafter, controller, committed, draft_max, gated, room, left):
-    """The draft length of the round after `committed` (0: the target alone), with `room` cells of context free and
-    `left` tokens still to generate. Asked once a round, at the end of the round before where one came (its tokens
-    not handed out yet), so that a round of length 0 can start its pass first."""
+def draft_length(drafter, controller, committed, draft_max=None, gated=False) -> int:
+    """The draft length of the round after `committed` (0: the target alone), the one place it is decided: the
+    drafter offers what it has (prompt lookup: the length of its match), the controller decides. Asked once a
+    round, at the end of the round before where one came (its tokens not handed out yet), so that a round of
+    length 0 can start its pass first; the loop clips it to the context's room and the tokens left."""
     if drafter is None:
         return 0
-    if draft_max is not None:
-        k = draft_max
-    elif drafter.free:  # scored every round, never probed, nothing to read: what it offers decides (lookup_length)
+    if draft_max is not None:  # the caller's fixed length (a lookup match shorter than it proposes what it has)
+        return draft_max
+    if drafter.free:  # prompt lookup alone, scored every round, never probed: the best length among what it found
+        # (a length priced without asking what lookup has can be a shorter match verified at a loss:
+        # docs/results/2026-11-26-declined-draft.md); where no length pays the search can wait (drafter.ahead)
+        return controller.best_up_to(drafter.offer(committed, controller.k_max)) if controller.best_k() else 0
+    k = controller.choose()
+    if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
         k = controller.k_max
-    else:
-        k = controller.choose()
-        if gated and k > 0:  # the gate decides how far, up to the longest the controller allows
-            k = controller.k_max
-    k = drafter.lookup_length(committed, controller, k, fixed=draft_max is not None)
-    return min(k, room - 1, left - 1)
+    if drafter.offer(committed, 1):  # prompt lookup in front of the drafter has a match: its own controller decides
+        lookup = controller.lookup_rounds()
+        k = lookup.choose()
+        found = drafter.offer(committed, k) if k else 0  # a shorter match may not pay
+        k = k if found == k else lookup.best_up_to(found)
+    return k
 
 
 def _chain_round(target, drafter, committed, k, params, rng, constraint, gate=None, clock=time.perf_counter,

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.backends.padded import PaddedDraft
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_compatible, common_prefix, sync
-from edgespec.decode.cost import DraftController
 from edgespec.decode.laws import Law, NoLaw, law
 from edgespec.decode.sampling import SamplingParams, candidates, to_probs
 from edgespec.decode.shape import TreeShape, tree_depth
 from edgespec.drafts.ngram import NgramIndex
-from edgespec.drafts.padded import PaddedDraft
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
 
@@ -32,13 +31,14 @@ class Drafter:
       in one pass (heads); where not also `branching`, the shape's guesses past the first at a node are leaves;
     - reset, before each generation; catch_up, to read context[:-1] before proposing (a cache of its own);
     - observe_target, after each verify pass: the target's state that produced the committed token (heads);
-    - lookup_length: the next round's length, from the loop's choice (a free drafter's: from what it offers);
+    - offer: how many tokens prompt lookup has to propose next (None: the next proposal is not lookup's); the
+      controller decides the length from it (decode/loop.draft_length);
     - ahead: after a round the controller declined, once the next pass is under way: work for the next round
       done while the target computes (prompt lookup's search, which its shadow score reads).
-    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft, and its
-    lookup_length weighs what it offers with the controller, given the longest allowed), gated
-    (knows how sure it is: drafts under the controller's DraftGate), grammar_aware (drafts under a grammar's mask:
-    propose takes constraint=), last_free (its last proposal was prompt lookup's, taught to lookup_controller)."""
+    Flags: free (proposing costs no model call: the loop scores its guesses in rounds it does not draft, and the
+    controller weighs what it offers), gated (knows how sure it is: drafts under the controller's DraftGate),
+    grammar_aware (drafts under a grammar's mask: propose takes constraint=), last_free (its last proposal was
+    prompt lookup's, taught to the controller's lookup_rounds). A drafter holds no controller."""
 
     name = "draft"
     free = False
@@ -47,7 +47,6 @@ class Drafter:
     trees = False
     branching = False
     last_free = False
-    lookup_controller: DraftController | None = None
 
     def propose(self, context: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
                 **options) -> tuple[list[int], list[Law] | np.ndarray | None]:
@@ -68,10 +67,10 @@ class Drafter:
     def observe_target(self, target: Backend, n_accepted: int, position: int) -> None:
         """After a verify pass: the target's state at `position` produced the committed token (heads read it)."""
 
-    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
-        """The next round's length, given the loop's choice k (fixed: the caller's draft_max; for a free drafter
-        otherwise the controller's k_max, the longest it may choose)."""
-        return k
+    def offer(self, context: list[int], k: int) -> int | None:
+        """How many tokens (up to k) prompt lookup would propose after `context` (0: it found none), or None where
+        the next proposal is not lookup's (a model's or heads')."""
+        return None
 
     def ahead(self, context: list[int]) -> None:
         """The next round will read `context`: a chance to prepare while the target's pass computes."""
@@ -187,7 +186,7 @@ CATCH_UP_LAG = 2  # tokens a draft model may lag behind and still read them in i
 
 
 class ModelDrafter(Drafter):
-    """A smaller (or quantized) model sharing the target's vocabulary, or that vocabulary padded (drafts/padded.py);
+    """A smaller (or quantized) model sharing the target's vocabulary, or that vocabulary padded (backends/padded.py);
     it keeps its own KV cache.
 
     Its context may be shorter than the target's: it then reads a window of recent tokens. The window
@@ -300,15 +299,8 @@ class PromptLookupDrafter(Drafter):
         self.free = True  # proposing costs no model call: the loop may score guesses it did not verify
         self._index = NgramIndex(max_ngram, min_ngram)
 
-    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
-        """The best length the controller sees among what lookup found (up to k): a length priced without asking
-        what lookup has can be a shorter match verified at a loss (docs/results/2026-11-26-declined-draft.md).
-        Where nothing was found the controller is not asked."""
-        if fixed:
-            return k
-        if not controller.best_up_to(k):  # no length pays, however much is found: the search can wait (ahead)
-            return 0
-        return controller.best_up_to(len(self._index.lookup(context, k)))
+    def offer(self, context: list[int], k: int) -> int:
+        return len(self._index.lookup(context, k))
 
     def ahead(self, context: list[int]) -> None:
         """The search the next round's guess reads (scored in a round lookup sits out), made while the pass computes
@@ -329,9 +321,9 @@ class LookupFirstDrafter(Drafter):
 
     Where the context's last min_ngram or more tokens occurred before, the tokens that followed them are the
     proposal (free, one-hot); otherwise the inner drafter proposes. Which one proposes depends on the context
-    only, so the output law is untouched. Lookup rounds have a controller of their own (`lookup_controller`:
-    its acceptance, no draft cost; the target's pass costs shared with the inner drafter's controller), which
-    picks their length, also where the inner drafter would not pay; they teach the inner one's nothing.
+    only, so the output law is untouched. Lookup rounds have a controller of their own (the inner drafter's
+    controller's lookup_rounds: its acceptance, no draft cost, the same pass costs), which picks their length,
+    also where the inner drafter would not pay; they teach the inner one's nothing.
     The inner drafter's cache and its view of the target's states stay its own business."""
 
     def __init__(self, inner: Drafter, n_vocab: int, min_ngram: int = LOOKUP_FIRST_MIN_NGRAM, max_ngram: int = 4):
@@ -340,20 +332,11 @@ class LookupFirstDrafter(Drafter):
         self.name = f"ngram+{inner.name}"
         self.gated, self.grammar_aware = inner.gated, inner.grammar_aware
         self.last_free = False  # the last proposal came from lookup
-        self.lookup_controller: DraftController | None = None  # made from the loop's controller on first use
         self._index = NgramIndex(max_ngram, min_ngram)
 
-    def lookup_length(self, context: list[int], controller: DraftController, k: int, fixed: bool = False) -> int:
-        """The draft length of the next round: where lookup has a match, what its own controller chooses
-        (unless the length is fixed); elsewhere k, the loop's choice for the inner drafter."""
-        if self.lookup_controller is None or self.lookup_controller.target_costs is not controller.target_costs:
-            self.lookup_controller = DraftController({}, 0.0, controller.k_max)
-            self.lookup_controller.share_pass_costs(controller)
-        if fixed or not self._index.lookup(context, 1):
-            return k
-        k = self.lookup_controller.choose()
-        found = len(self._index.lookup(context, k))  # a shorter match may not pay (PromptLookupDrafter.lookup_length)
-        return k if found == k else self.lookup_controller.best_up_to(found)
+    def offer(self, context: list[int], k: int) -> int | None:
+        """Lookup's match up to k where the context has one (the next proposal is lookup's), else None."""
+        return len(self._index.lookup(context, k)) or None
 
     def catch_up(self, context: list[int]) -> None:
         """The inner drafter catches up only for a round it drafts: after lookup rounds it reads what it missed

@@ -85,11 +85,11 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     """The drafter for a draft against a loaded target: (drafter or None, its own backend if it is a model, seconds
     per drafted token measured here). window: recent tokens a draft model reads (default 1024); settings:
     llama.cpp settings of a draft model (kv_type, n_ubatch, n_gpu_layers)."""
+    from edgespec.backends.llama.subset import SubsetDraft
     from edgespec.backends.model_info import read_model_info
     from edgespec.backends.open import open_model
     from edgespec.decode.calibrate import measure_pass_costs
     from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
-    from edgespec.drafts.subset import SubsetDraft
     from edgespec.plan.planner import DRAFT_WINDOWS
 
     spec = parse_draft(draft).resolved()

@@ -19,22 +19,21 @@ MANIFEST_VERSION = 1
 
 def read_vocab(source: Source) -> Vocab:
     """A source's vocabulary from its tokenizer files (checkpoint) or metadata (GGUF)."""
-    if source.kind == "gguf":
-        from edgespec.backends.gguf_file import tokenizer_of
+    if source.kind == "gguf":  # the one reader of a GGUF file's vocabulary (a loaded model's: llama/model.py)
+        from edgespec.backends.model_info import read_gguf_vocab
 
-        texts, bos, eos = tokenizer_of(source.path)
-    else:
-        path = source.path / "tokenizer.json"
-        if not path.is_file():
-            raise EdgespecError(f"{source.path} has no tokenizer.json: edgespec needs a fast tokenizer")
-        tok = json.loads(path.read_text())
-        by_id = {i: t for t, i in tok["model"]["vocab"].items()}
-        by_id.update({a["id"]: a["content"] for a in tok.get("added_tokens", [])})
-        texts = tuple(by_id.get(i, "").encode() for i in range(max(by_id) + 1))
-        config = json.loads((source.path / "config.json").read_text())
-        eos = config.get("eos_token_id")
-        bos, eos = config.get("bos_token_id", -1), (eos[0] if isinstance(eos, list) else eos)
-        bos, eos = -1 if bos is None else bos, -1 if eos is None else eos
+        return read_gguf_vocab(source.path)
+    path = source.path / "tokenizer.json"
+    if not path.is_file():
+        raise EdgespecError(f"{source.path} has no tokenizer.json: edgespec needs a fast tokenizer")
+    tok = json.loads(path.read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    by_id.update({a["id"]: a["content"] for a in tok.get("added_tokens", [])})
+    texts = tuple(by_id.get(i, "").encode() for i in range(max(by_id) + 1))
+    config = json.loads((source.path / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    bos, eos = config.get("bos_token_id", -1), (eos[0] if isinstance(eos, list) else eos)
+    bos, eos = -1 if bos is None else bos, -1 if eos is None else eos
     return Vocab(texts=texts, pieces=texts, bos_id=bos, eos_id=eos, eog_ids=frozenset([eos]))
 
 

@@ -1,14 +1,14 @@
-"""`edgespec serve`: an OpenAI-compatible HTTP server over one loaded Engine (FastAPI on uvicorn).
+"""`edgespec serve`: an OpenAI-compatible HTTP server over what `load` or `Parallel` loaded (FastAPI on uvicorn).
 
 Endpoints: POST /v1/chat/completions (with OpenAI tools: edgespec/tool_calls.py) and /v1/completions (streamed
-as server-sent events with "stream": true; bodies in edgespec/server_requests.py), GET /v1/models, GET /health,
+as server-sent events with "stream": true; bodies in edgespec/server/requests.py), GET /v1/models, GET /health,
 GET /metrics (Prometheus text; no key needed, like /health), and the chat page at / (edgespec/web).
 Every completion carries its generation's speculative statistics (drafted, accepted, acceptance rate, ...)
 in an extra top-level `edgespec` field, which OpenAI clients ignore; a stream sends them with its last chunk.
 
 One generation at a time on an Engine, which holds one KV cache per model; or one per stream of a Parallel
 (`edgespec serve --parallel N`: a sequence of one llama.cpp context each, their passes joined into one decode a
-round). Requests take the slots as they come free (first come, first served; edgespec/server_limits.py), the
+round). Requests take the slots as they come free (first come, first served; edgespec/server/limits.py), the
 slot whose cache holds the request's conversation so far where one does (its prefix is not read again), and
 each generation runs on its slot's worker thread, leaving the event loop free to accept requests and to notice
 disconnects. A client that goes away stops its generation at the next token (Stream.close), which frees its
@@ -17,7 +17,7 @@ over. At most `max_queue` requests are admitted at once (those generating includ
 429 and a Retry-After header. A request that runs past
 `request_timeout` seconds from its arrival, waiting included, is stopped and answered with a 504 (a stream
 that has started ends with an error event instead). Errors come back in OpenAI's shape
-(edgespec/server_errors.py).
+(edgespec/server/errors.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -39,7 +40,7 @@ from edgespec.backends.llama.states import GAIN_TOKENS, PromptCache
 from edgespec.backends.protocol import common_prefix
 from edgespec.decode.loop import Stats
 from edgespec.errors import EdgespecError
-from edgespec.server_errors import (
+from edgespec.server.errors import (
     KeyRefusedError,
     RequestTimeoutError,
     add_error_handlers,
@@ -47,13 +48,10 @@ from edgespec.server_errors import (
     failure,
     queue_full,
 )
-from edgespec.server_limits import Admission, CountResponses, Metrics
-from edgespec.server_requests import ChatRequest, CompletionRequest, Sampling
+from edgespec.server.limits import Admission, CountResponses, Metrics
+from edgespec.server.requests import ChatRequest, CompletionRequest, Sampling
 from edgespec.tool_calls import CallReader, ToolSet
 from edgespec.web import add_page
-
-if TYPE_CHECKING:
-    from edgespec.parallel import Parallel
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}  # ours -> OpenAI's
 
@@ -108,18 +106,30 @@ class Generation:
 
 
 
-class Slots:
-    """What the app serves: one Engine (one generation at a time) or a Parallel's streams, an Engine each; a
-    worker thread per slot (executor: the one an Engine was loaded on, `loading_thread`). begin/end bracket a
-    slot's generation (a Parallel's streams wait briefly for each other's passes while they generate)."""
+class Served(Protocol):
+    """What the server talks to, whatever the number of streams: an Engine (a stream of one) or a Parallel."""
 
-    def __init__(self, engine: Engine | Parallel, executor: ThreadPoolExecutor | None = None):
-        parallel = hasattr(engine, "engines")  # a Parallel, or anything with its engines, begin and end
-        self.engines: list[Engine] = engine.engines if parallel else [engine]
-        self.name = engine.name if parallel else engine.target.name
-        self.draft = engine.draft_name if parallel else _draft_name(engine)
-        self.begin = engine.begin if parallel else (lambda slot: None)
-        self.end = engine.end if parallel else (lambda slot: None)
+    engines: Sequence[Engine]  # a stream each; a slot each
+    name: str  # the target's
+    draft_name: str
+
+    def begin(self, stream: int) -> None: ...  # a stream starts a generation (the others' passes may wait for it)
+
+    def end(self, stream: int) -> None: ...
+
+    def cache_prompts(self, cache: PromptCache | None) -> bool: ...
+
+
+class Slots:
+    """What the app serves: its streams (Served.engines), a slot each (one generation at a time on an Engine,
+    which holds one cache per model); a worker thread per slot (executor: the one an Engine was loaded on,
+    `loading_thread`). begin/end bracket a slot's generation (a Parallel's streams wait briefly for each other's
+    passes while they generate)."""
+
+    def __init__(self, served: Served, executor: ThreadPoolExecutor | None = None):
+        self.engines: Sequence[Engine] = served.engines
+        self.name, self.draft = served.name, served.draft_name
+        self.begin, self.end = served.begin, served.end
         self.executor = executor or ThreadPoolExecutor(len(self.engines), thread_name_prefix="edgespec-slot")
         self._used = [0] * len(self.engines)  # when each slot last took a request (a count)
         self.saving = False  # whether the slots save a conversation's state before another overwrites it
@@ -152,7 +162,7 @@ def loading_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-slot")
 
 
-def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_id: str | None = None,
+def create_app(engine: Served, *, api_key: str | None = None, model_id: str | None = None,
                default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
                executor: ThreadPoolExecutor | None = None, prompt_cache: PromptCache | None = None) -> FastAPI:
     """The app serving `engine`: an Engine (one generation at a time) or a Parallel (one a stream). api_key:
@@ -261,12 +271,6 @@ def create_app(engine: Engine | Parallel, *, api_key: str | None = None, model_i
     return app
 
 
-def _draft_name(engine: Engine) -> str:
-    if engine.draft_backend is not None:
-        return engine.draft_backend.name
-    return engine.drafter.name if engine.drafter is not None else "none"
-
-
 async def _next(gen: Generation, deadline: float | None, limit: float | None):
     """The generation's next item, or ("error", RequestTimeoutError) past the deadline, which stops it: the
     engine is free once its thread notices, at the next token."""
@@ -360,7 +364,7 @@ async def _sse(gen: Generation, item, ids: dict, chat: bool, watcher: asyncio.Fu
         watcher.cancel()
 
 
-def serve(engine: Engine | Parallel, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def serve(engine: Served, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
           executor: ThreadPoolExecutor | None = None, prompt_cache: PromptCache | None = None) -> None:
     """Serve `engine` until interrupted; the arguments after port are create_app's."""

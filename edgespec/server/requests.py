@@ -1,6 +1,6 @@
 """What `edgespec serve` accepts: the request bodies of /v1/chat/completions and /v1/completions (pydantic).
 
-OpenAI's fields, read strictly (a refused value is a 400 naming its field: server_errors.py), edgespec's own
+OpenAI's fields, read strictly (a refused value is a 400 naming its field: server/errors.py), edgespec's own
 (top_k, min_p, draft_max), and what a request asks that edgespec cannot serve (`Sampling.refusal`).
 """
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from edgespec.api import LONGEST_DRAFT
 from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
-from edgespec.server_errors import check_unicode
+from edgespec.server.errors import check_unicode
 from edgespec.tool_calls import check_choice, check_tools
 
 
@@ -69,7 +69,7 @@ class Sampling(BaseModel):
 
     Numbers and flags are strict, as OpenAI's are: "0.7", true or 2.0 where a number, a flag or a whole number
     belongs is refused, not read as something else; NaN and Infinity (which Python's JSON parser reads) are refused
-    too. Every refusal is a 400 naming the field (server_errors.py)."""
+    too. Every refusal is a 400 naming the field (server/errors.py)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # OpenAI clients send fields we need not read
 

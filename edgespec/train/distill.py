@@ -5,7 +5,7 @@ the target's (frozen by default: the draft then shares the target's view of toke
 as copies of evenly spaced target layers. Training minimises the cross-entropy to the target's
 distribution at every answer position, -sum_k p_k log q(k) over the target's top-K tokens with their exact
 probabilities (a KL to the target up to the target's entropy), not only to the tokens it chose. A draft that
-will draft from a vocabulary subset (drafts/subset.py) is trained with its softmax over that subset, what
+will draft from a vocabulary subset (backends/llama/subset.py) is trained with its softmax over that subset, what
 it drafts from; train_output gives it an output layer of its own (untied, trained with the layers).
 A quantization-aware draft (quant_aware) trains through the rounding its GGUF export will apply, so it learns
 the weights the file will hold; with as many layers as the target it is the target's quantization, trained
@@ -278,11 +278,11 @@ def distill(target: str | os.PathLike | None, out: str | os.PathLike, *, source:
 def draft_vocab(draft: str | os.PathLike, out: str | os.PathLike, seqs: list[Sequence], size: int,
                 subset: np.ndarray | None = None) -> dict:
     """A copy of the draft GGUF at out that drafts from the `size` tokens the target's answers in seqs make most
-    probable (drafts/subset.py), or from `subset` where the caller chose them (distill, which trained
+    probable (backends/llama/subset.py), or from `subset` where the caller chose them (distill, which trained
     over them); returns what it kept: the subset's size and the share of the answers' tokens in it (the most a
     draft can match)."""
+    from edgespec.backends.llama.subset import read_subset, write_subset
     from edgespec.backends.model_info import read_model_info
-    from edgespec.drafts.subset import read_subset, write_subset
 
     if size < 1:
         raise EdgespecError(f"a draft vocabulary needs at least one token, got {size}")

@@ -17,7 +17,7 @@ from edgespec.errors import EdgespecError
 class LlamaVectorModel(LlamaHandles):
     """A GGUF decoder stack fed vectors instead of tokens (llama_batch.embd), one sequence from position 0:
     what an EAGLE head runs in (drafts/eagle.py), and a draft model drafting from a subset of the vocabulary
-    (drafts/subset.py). `forward` appends rows and returns, for its last n_out rows, the output layer's
+    (backends/llama/subset.py). `forward` appends rows and returns, for its last n_out rows, the output layer's
     logits and (with hidden) the final normed hidden state. The weights are read into memory (no mmap), so the
     file may be deleted once the model is open. kv_type: f32 (no rounding, flash
     attention off: a head's one-layer cache) or one of KV_TYPES, as LlamaBackend."""
