@@ -1,5 +1,5 @@
 """Is the draft-length controller never slower than target-only decoding, whatever the device? The loop on
-simulated devices (backends/sim.py): passes cost what a device's table says, on a virtual clock, at a set
+simulated devices (plan/sim.py): passes cost what a device's table says, on a virtual clock, at a set
 acceptance, so each cell takes a second of real time and gives the same figures on every run.
 
     python benchmarks/controller_sim.py [--device h200-3b-f16 ...] [--draft lookup ...] [--tree-width 3] [--json]
@@ -10,12 +10,12 @@ them as an Engine keeps one). Goals: the controller >= 0.97x target-only in ever
 fixed length wherever that beats target-only.
 
 --tree-width W: heads draft trees of up to W guesses a node, the later guesses holding the token the first missed
-as often as the reference pair's draft's did (backends/sim.draft_ranks); the controller plans each round's shape,
+as often as the reference pair's draft's did (plan/sim.draft_ranks); the controller plans each round's shape,
 a fixed length k drafts k depths of W each, and each cell also gives the chain controller's speedup and the tree
 bound (plan/bound.tree_bound, from the device's table, a head step per depth and those guesses' acceptance).
 
 The devices. Figures are seconds per pass of n tokens; lengths a table lacks are interpolated, and past its
-longest extrapolated along its last slope (backends/sim.pass_seconds). `draft_read` is what each further
+longest extrapolated along its last slope (plan/sim.pass_seconds). `draft_read` is what each further
 token of a draft model's pass costs (catching up on text it skipped), `head` a head step.
 """
 
@@ -27,9 +27,9 @@ import sys
 from dataclasses import asdict
 
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.backends.sim import DRAFTS, Device, pass_seconds, simulate
 from edgespec.decode.shape import RankAcceptance
 from edgespec.plan.bound import tree_bound
+from edgespec.plan.sim import DRAFTS, Device, pass_seconds, simulate
 
 
 def ms(table: dict[int, float]) -> dict[int, float]:

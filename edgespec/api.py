@@ -352,7 +352,8 @@ def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLik
             nothing runs beside the target (no draft, or prompt lookup), "runs" beside a draft model or heads,
             whose threads need the cores between the target's runs.
     """
-    from edgespec.plan.planner import DEFAULT_CTX, DRAFT_WINDOWS
+    from edgespec.drafts.base import DRAFT_WINDOWS
+    from edgespec.plan.planner import DEFAULT_CTX
     from edgespec.plan.report import refusal
 
     pair = resolve_pair(target, draft)

@@ -9,31 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter, defaultdict
-from importlib import resources
 from pathlib import Path
 
 from edgespec.api import Engine
 from edgespec.errors import EdgespecError
 from edgespec.plan.bound import chain_bound
+from edgespec.plan.calibration import read_prompts  # bench's and advise's prompts alike
 from edgespec.progress import Steps
-
-
-def read_prompts(path: str | Path | None) -> list[dict]:
-    """[{'cat': ..., 'prompt': ...}] from a JSONL file, or the built-in set."""
-    text = (Path(path).read_text() if path
-            else resources.files("edgespec").joinpath("data/prompts.jsonl").read_text())
-    prompts = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompts.append({"cat": str(row.get("cat", "all")), "prompt": str(row["prompt"])})
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise EdgespecError(f"{path}:{i}: expected a JSON object with a 'prompt' field") from None
-    if not prompts:
-        raise EdgespecError(f"{path}: no prompts")
-    return prompts
 
 
 def first_of_each(prompts: list[dict], n: int) -> list[dict]:

@@ -1,10 +1,17 @@
-"""The draft-length controller on simulated devices (backends/sim.py): passes cost what a table says on a
+"""The draft-length controller on simulated devices (plan/sim.py): passes cost what a table says on a
 virtual clock, so these speed comparisons are exact and the same on every machine, not wall-clock timings."""
 
 import numpy as np
 import pytest
 
-from edgespec.backends.sim import (
+from edgespec.decode.calibrate import measure_pass_costs, measure_read_cost
+from edgespec.decode.cost import DraftController
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.shape import RANK_SHARES, RankAcceptance
+from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
+from edgespec.plan.bound import tree_bound
+from edgespec.plan.sim import (
     TARGET_TOP,
     Device,
     SimBackend,
@@ -15,13 +22,6 @@ from edgespec.backends.sim import (
     pass_seconds,
     simulate,
 )
-from edgespec.decode.calibrate import measure_pass_costs, measure_read_cost
-from edgespec.decode.cost import DraftController
-from edgespec.decode.loop import Stats, speculate
-from edgespec.decode.sampling import SamplingParams
-from edgespec.decode.shape import RANK_SHARES, RankAcceptance
-from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
-from edgespec.plan.bound import tree_bound
 
 # the issue's H200 figures (3B f16 target; a 135M draft step 1.7 ms; a head step assumed at 0.35 ms) and its CPU
 # whose 2-token pass costs twice a 1-token pass; benchmarks/controller_sim.py has these and more

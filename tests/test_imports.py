@@ -54,3 +54,39 @@ def test_no_module_imports_itself_through_others():
         if name not in state:
             walk(name, [name])
     assert len(graph) > 80  # the walk read the package
+
+
+# The floors of docs/layout.md, lowest first: a module imports from its own floor and those below. A package's
+# floor is its top-level name's (edgespec itself, the package's __init__, is the top floor: it re-exports the API).
+FLOORS = {name: floor for floor, names in enumerate((
+    ("errors", "units", "progress"),
+    ("backends", "models"),  # runtimes, and where model files come from
+    ("decode",),  # numpy: rows in, tokens out; the loop drives drafters, named in annotations only
+    ("drafts",),  # draw from decode's laws
+    ("plan",),  # what fits and what pays, the simulator and the bounds
+    ("export",),
+    ("pair", "api", "tool_calls", "web"),  # what to run, resolved once; the Python API
+    ("parallel", "bench", "doctor", "train"),  # built on the API (train runs the target through it)
+    ("server",),
+    ("cli", "edgespec"),
+)) for name in names}
+
+# arrows from a lower floor to a higher one, each named and justified in docs/layout.md
+UPWARD = {
+    ("edgespec.doctor", "edgespec"): "the package's version (__version__ in edgespec/__init__.py)",
+    ("edgespec.plan.costs", "edgespec.api"): "advise times a loaded Engine's passes and rounds: a command in plan/",
+}
+
+
+def test_no_module_imports_from_a_higher_floor_but_the_named_ones():
+    names = modules()
+
+    def floor(module: str) -> int:
+        parts = module.split(".")
+        return FLOORS[parts[1] if len(parts) > 1 else "edgespec"]
+
+    assert set(FLOORS) >= {name.split(".")[1] for name in names if "." in name}  # every package has its floor
+    upward = {(name, other) for name, path in names.items() for other in imported(ast.parse(path.read_text()), names)
+              if floor(other) > floor(name)}
+    assert upward == set(UPWARD), "arrows up a floor that docs/layout.md does not name: " + ", ".join(
+        f"{a} -> {b}" for a, b in sorted(upward - set(UPWARD)))

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,8 +24,10 @@ from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.decode.shape import TreeShape
 from edgespec.decode.text import TextStream
 from edgespec.decode.verify import verify_tree
-from edgespec.drafts.base import Drafter
 from edgespec.errors import EdgespecError
+
+if TYPE_CHECKING:  # the drafters the loop drives (drafts/ sits above decode/: it draws from decode's laws)
+    from edgespec.drafts.base import Drafter
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def speculate(
     (forward_tree: llama.cpp); rounds under a constraint, or with another drafter or target, draft chains.
     gate: a drafter that knows how sure it is (`gated`: draft models, heads) drafts chains under the
     controller's DraftGate, which ends each chain where one more token would not pay (with draft_max None).
-    clock: seconds for every time the loop takes (a simulated device's virtual clock: backends/sim.py).
+    clock: seconds for every time the loop takes (a simulated device's virtual clock: plan/sim.py).
 
     Output is distributed exactly as target-only sampling with `params` (under the constraint, if any),
     whatever the drafter.

@@ -21,6 +21,7 @@ from edgespec.decode.shape import TreeShape, tree_depth
 from edgespec.drafts.ngram import NgramIndex
 
 MAX_DRAFT = MAX_OUTPUTS  # room a draft model keeps in its context for a proposal
+DRAFT_WINDOWS = (1024, 512, 256)  # recent tokens a draft model reads (the planner tries them in turn)
 
 
 class Drafter:

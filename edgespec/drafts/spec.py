@@ -89,8 +89,7 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     from edgespec.backends.model_info import read_model_info
     from edgespec.backends.open import open_model
     from edgespec.decode.calibrate import measure_pass_costs
-    from edgespec.drafts.base import MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
-    from edgespec.plan.planner import DRAFT_WINDOWS
+    from edgespec.drafts.base import DRAFT_WINDOWS, MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
 
     spec = parse_draft(draft).resolved()
     if spec.kind == "none":

@@ -5,6 +5,7 @@ rule accepts that depth (edgespec/plan/advise.py explains how the prediction use
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
@@ -27,10 +28,26 @@ STATS = ("accept", "accept_t0", "top1", "tv", "kl_target_draft", "kl_draft_targe
 
 # --- prompts ----------------------------------------------------------------------------------------------
 
+def read_prompts(path: str | Path | None) -> list[dict]:
+    """[{'cat': ..., 'prompt': ...}] from a JSONL file, or the built-in set."""
+    text = (Path(path).read_text() if path
+            else resources.files("edgespec").joinpath("data/prompts.jsonl").read_text())
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompts.append({"cat": str(row.get("cat", "all")), "prompt": str(row["prompt"])})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise EdgespecError(f"{path}:{i}: expected a JSON object with a 'prompt' field") from None
+    if not prompts:
+        raise EdgespecError(f"{path}: no prompts")
+    return prompts
+
+
 def builtin_prompts(name: str) -> list[dict]:
     """The built-in prompt sets: 'train' (480, by category: calibration) and 'bench' (20: held out)."""
-    from edgespec.bench import read_prompts
-
     if name == "bench":
         return read_prompts(None)
     path = resources.files("edgespec").joinpath("data/train_prompts.jsonl")
@@ -57,8 +74,6 @@ def choose_prompts(prompts_file: str | Path | None, per_cat: int, check_per_cat:
     calibration (per_cat of them) and held out (check_per_cat), none used twice. A user's file: all its prompts
     alternate between the two within each category. check_file: held-out prompts of your own (e.g. the bench
     set, to see how far a calibration carries to other prompts)."""
-    from edgespec.bench import read_prompts
-
     if prompts_file is None:
         calibration, held_out = split_alternate(builtin_prompts("train"), per_cat, check_per_cat)
     else:

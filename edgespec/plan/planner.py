@@ -22,14 +22,13 @@ from dataclasses import dataclass, field, replace
 from edgespec.backends.llama.lib import KV_BLOCKS  # module import only: llama_cpp loads on first use
 from edgespec.backends.model_info import ModelInfo
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.drafts.base import MAX_DRAFT
+from edgespec.drafts.base import DRAFT_WINDOWS, MAX_DRAFT
 from edgespec.errors import EdgespecError
 from edgespec.plan.profiles import Profile
 from edgespec.units import GiB, MiB, mib_text
 
 KV_CHOICES = tuple(KV_BLOCKS)  # best quality first
 UBATCHES = (512, 256, 128)  # prompt tokens per llama.cpp compute pass: the compute buffer scales with it
-DRAFT_WINDOWS = (1024, 512, 256)  # recent tokens a draft model reads
 DEFAULT_CTX, MIN_CTX, CTX_STEP = 2048, 256, 256  # llama.cpp rounds contexts up to a multiple of 256
 
 # measured here: interpreter + numpy + edgespec, the planner's own imports (gguf-py, psutil), then each
