@@ -1,5 +1,5 @@
-"""How much can drafting add to several streams on this device? The streams bound (plan/bound.streams_bound) from
-a target's pass costs measured here, beside one stream's chain bound.
+"""How much can drafting add to several streams on this device? The chain bound of N streams verified together
+(plan/bound.chain_bound, streams=N) from a target's pass costs measured here, beside one stream's.
 
 Measures a pass of n rows (n = 1..rows, median of --reps after a warm-up, llama.cpp on --threads threads), a draft
 model's step where --draft is given (else --draft-step, a share of a one-row pass), and prints for each acceptance
@@ -15,7 +15,7 @@ import json
 
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.decode.calibrate import measure_pass_costs
-from edgespec.plan.bound import chain_bound, streams_bound
+from edgespec.plan.bound import chain_bound
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
            "draft_step": round(step / costs[1], 4), "streams": args.streams, "bounds": []}
     for alpha in args.alpha:
         one = chain_bound(costs, 0.0, step, alpha)
-        several = streams_bound(costs, step, alpha, args.streams)
+        several = chain_bound(costs, 0.0, step, alpha, streams=args.streams)
         out["bounds"].append({"alpha": alpha, "one_stream": one.to_dict(),
                               f"{args.streams}_streams": several.to_dict()})
     if args.json:

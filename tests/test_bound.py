@@ -3,7 +3,7 @@
 import pytest
 
 from edgespec.decode.cost import expected_tokens
-from edgespec.plan.bound import chain_bound, chain_speedup, streams_bound
+from edgespec.plan.bound import chain_bound, chain_speedup
 
 
 def test_free_verification_gives_the_papers_formula():
@@ -46,25 +46,29 @@ def test_chains_are_bounded_by_the_longest_pass_measured_and_by_k_max():
 def test_one_stream_is_the_chain_bound():
     costs = {1: 1.0, 2: 1.1, 3: 1.25, 4: 1.5, 5: 1.9}  # a table, no clock
     for alpha in (0.6, 0.9):
-        assert streams_bound(costs, 0.05, alpha, 1) == chain_bound(costs, 0.0, 0.05, alpha)
+        assert chain_bound(costs, 0.0, 0.05, alpha, streams=1) == chain_bound(costs, 0.0, 0.05, alpha)
 
 
 def test_streams_that_fill_the_compute_leave_drafting_little():
-    """The 2B-class widened target on a 2-core CPU (a table measured there: 4 rows 1.78x one row, 8 rows 2.85x, 12
-    3.9x): one stream drafting 2 a round gains 1.7x at acceptance 0.8, four streams together at most ~1.1x over
-    four streams target-only, since four rows already fill the compute a stream's drafts would have used; on a
-    device whose passes stay flat to 16 rows four streams keep the whole gain."""
+    """The 2B-class widened target on a 2-core CPU (a table of pass costs measured there, no clock here: 4 rows 1.78x
+    one row, 8 rows 2.85x, 12 3.9x): one stream drafting 2 a round gains 1.7x at acceptance 0.8, four streams
+    together at most ~1.1x over four streams target-only, since four rows already fill the compute a stream's
+    drafts would have used; on a device whose passes stay flat to 16 rows four streams keep the whole gain. Every
+    figure below is eq. 1 computed from the table."""
     cpu = {1: 1.0, 2: 1.01, 3: 1.2, 4: 1.78, 8: 2.85, 12: 3.9, 16: 4.9}
     one = chain_bound(cpu, 0.0, 0.035, 0.8, k_max=2)
-    four = streams_bound(cpu, 0.035, 0.8, 4)
-    assert one.speedup > 1.6
+    four = chain_bound(cpu, 0.0, 0.035, 0.8, streams=4)
+    assert one.k == 2 and one.speedup == pytest.approx(expected_tokens(0.8, 2) / (2 * 0.035 + 1.2))
+    assert one.speedup > 1.6  # 2.44 tokens for 1.27 passes: the table's, not a timing
     assert four.k == 1 and four.speedup == pytest.approx(expected_tokens(0.8, 1) * 1.78 / (0.035 + 2.85))
-    assert four.speedup < 1.3
+    assert four.speedup < 1.3  # 1.8 tokens a stream for 2.885 where target-only spends 1.78: the table's
     flat = dict.fromkeys((1, 4, 8, 12, 16), 1.0)
-    assert streams_bound(flat, 0.035, 0.8, 4).speedup == pytest.approx(chain_bound(flat | {2: 1.0, 3: 1.0}, 0.0,
-                                                                                    0.035, 0.8, k_max=3).speedup)
+    assert chain_bound(flat, 0.0, 0.035, 0.8, streams=4).speedup == pytest.approx(
+        chain_bound(flat | {2: 1.0, 3: 1.0}, 0.0, 0.035, 0.8, k_max=3).speedup)
 
 
-def test_streams_bound_needs_the_pass_of_its_rows():
+def test_a_bound_needs_the_pass_of_its_streams_rows():
     with pytest.raises(ValueError, match="4 rows"):
-        streams_bound({1: 1.0, 2: 1.1}, 0.05, 0.8, 4)
+        chain_bound({1: 1.0, 2: 1.1}, 0.0, 0.05, 0.8, streams=4)
+    with pytest.raises(ValueError, match="1 row"):
+        chain_bound({2: 1.1}, 0.0, 0.05, 0.8)

@@ -33,26 +33,33 @@ class Bound:
         return out if self.nodes is None else {**out, "nodes": self.nodes}
 
 
-def chain_speedup(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float, k: int) -> float:
-    """The rate of chains of k over target-only decoding. pass_costs: seconds of a target pass over n tokens, for
-    n = 1 and k + 1 at least."""
+def chain_speedup(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float, k: int,
+                  streams: int = 1) -> float:
+    """The rate of chains of k over target-only decoding. pass_costs: seconds of a target pass over n rows, for
+    n = streams and streams * (k + 1) at least. With several streams generating at once, every stream drafts k (the
+    draft's steps joined across streams: draft_start and draft_step are a joined round's) and one pass verifies all
+    streams' k + 1 tokens, streams * (k + 1) rows, against one pass of `streams` rows a token target-only. Where a
+    pass of several rows is compute-bound (a CPU), the rows the streams' tokens already fill leave drafting little:
+    batching took the compute one stream's drafts would have used."""
     if k == 0:
         return 1.0
-    return expected_tokens(alpha, k) * pass_costs[1] / (draft_start + k * draft_step + pass_costs[k + 1])
+    return (expected_tokens(alpha, k) * pass_costs[streams]
+            / (draft_start + k * draft_step + pass_costs[streams * (k + 1)]))
 
 
 def chain_bound(pass_costs: dict[int, float], draft_start: float, draft_step: float, alpha: float,
-                k_max: int | None = None) -> Bound:
-    """The best chain length up to k_max (default: the longest whose pass cost is given) and its speedup."""
-    longest = max(pass_costs) - 1
+                k_max: int | None = None, streams: int = 1) -> Bound:
+    """The best chain length up to k_max (default: the longest whose pass cost is given) and its speedup, for one
+    stream or `streams` verified together (chain_speedup)."""
+    if pass_costs.get(streams, 0) <= 0:
+        raise ValueError(f"the bound needs the cost of a pass of {streams} row{'s' * (streams > 1)}")
+    longest = max(pass_costs) // streams - 1
     k_max = longest if k_max is None else min(k_max, longest)
-    if 1 not in pass_costs or pass_costs[1] <= 0:
-        raise ValueError("the bound needs the cost of a one-token pass")
     best = Bound(0, 1.0, 1.0)
     for k in range(1, k_max + 1):
-        if k + 1 not in pass_costs:
+        if streams * (k + 1) not in pass_costs:
             continue
-        speedup = chain_speedup(pass_costs, draft_start, draft_step, alpha, k)
+        speedup = chain_speedup(pass_costs, draft_start, draft_step, alpha, k, streams)
         if speedup > best.speedup:
             best = Bound(k, speedup, expected_tokens(alpha, k))
     return best
@@ -70,25 +77,3 @@ def tree_bound(pass_costs: dict[int, float], draft_start: float, draft_step: flo
     return Bound(shape.depth, shape.expected * pass_costs[1] / seconds(shape.size, shape.depth), shape.expected,
                  shape.size)
 
-
-def streams_bound(pass_costs: dict[int, float], draft_step: float, alpha: float, streams: int,
-                  k_max: int | None = None) -> Bound:
-    """The chain bound of `streams` streams generating at once, over the same streams target-only: each round every
-    stream drafts k (the draft's steps joined across streams, draft_step seconds a joined step) and one target pass
-    verifies all streams' k + 1 tokens, streams * (k + 1) rows; target-only, one pass of `streams` rows emits a
-    token a stream. pass_costs: seconds of a pass over n rows, for n = streams and streams * (k + 1). Where a pass
-    of several rows is compute-bound (a CPU), the rows the streams' tokens already fill leave drafting little:
-    batching took the spare compute that one stream's drafts would have used."""
-    if streams not in pass_costs or pass_costs[streams] <= 0:
-        raise ValueError(f"the bound of {streams} streams needs the cost of a pass of {streams} rows")
-    longest = max(pass_costs) // streams - 1
-    k_max = longest if k_max is None else min(k_max, longest)
-    best = Bound(0, 1.0, 1.0)
-    for k in range(1, k_max + 1):
-        rows = streams * (k + 1)
-        if rows not in pass_costs:
-            continue
-        speedup = expected_tokens(alpha, k) * pass_costs[streams] / (k * draft_step + pass_costs[rows])
-        if speedup > best.speedup:
-            best = Bound(k, speedup, expected_tokens(alpha, k))
-    return best
