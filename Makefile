@@ -1,4 +1,4 @@
-# make install | chat | test | bench | bench-host | bench-peers | pair | big-pair | qat-draft | qat-draft-all | lint        (see README.md)
+# make install | chat | test | test-fast | test-laws | bench | bench-host | bench-peers | pair | big-pair | qat-draft | qat-draft-all | lint        (see README.md)
 PYTHON ?= python3
 VENV ?= .venv
 LLAMA_CPP_VERSION ?= 0.3.36
@@ -23,7 +23,7 @@ export CMAKE_ARGS := $(strip $(if $(findstring GGML_NATIVE,$(CMAKE_ARGS)),,-DGGM
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed-$(shell cat pyproject.toml Makefile scripts/llama-wheel.sh | { cat; echo "$(CMAKE_ARGS) $(EXTRAS) $(GPU)"; } | sha256sum | cut -c1-12)
 
-.PHONY: install chat test bench bench-pair bench-memory bench-host bench-peers pair big-pair qat-draft qat-draft-all lint clean
+.PHONY: install chat test test-fast test-laws bench bench-pair bench-memory bench-host bench-peers pair big-pair qat-draft qat-draft-all lint clean
 
 install: $(STAMP)
 
@@ -51,6 +51,13 @@ chat: install
 
 test: install
 	$(VENV)/bin/python -m pytest
+
+# the fast tier (docs/testing.md): pure functions and the loop on fake backends, under a minute; then the laws
+test-fast: install
+	$(VENV)/bin/python -m pytest -q -m "not real and not laws" --durations=5
+
+test-laws: install
+	$(VENV)/bin/python -m pytest -q -m laws --durations=5
 
 bench: install
 	$(VENV)/bin/edgespec bench

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.backends.model_info import read_model_info
-from edgespec.backends.onnx.folder import SPIN_WITHIN_RUNS
-from edgespec.backends.open import is_onnx, open_model
-from edgespec.backends.protocol import MAX_OUTPUTS, Backend
+from edgespec.backends.open import open_model
+from edgespec.backends.protocol import Backend
 from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Event, Stats, speculate
@@ -30,14 +28,13 @@ from edgespec.drafts.auto import AUTO_DRAFT
 from edgespec.drafts.base import Drafter
 from edgespec.drafts.spec import open_drafter
 from edgespec.errors import EdgespecError
-from edgespec.pair import Pair, resolve_pair
-from edgespec.plan import placement
+from edgespec.pair import Pair
+from edgespec.run import K_MAX, LONGEST_DRAFT, MAX_TREE_WIDTH, Run, plan_for, resolve_run
 from edgespec.tool_calls import MARKERS, ToolSet, chat_history
 
 DEFAULT_DRAFT = AUTO_DRAFT
-MAX_TREE_WIDTH = 4  # candidates per position of a draft tree (a fixed tree 3 deep and 4 wide fills one 16-row pass)
-LONGEST_DRAFT = MAX_OUTPUTS - 1  # the longest draft one verify pass checks (its k drafts and 1 more row)
-K_MAX = 8  # the longest draft the controller considers (a user's --draft-max may go to LONGEST_DRAFT)
+__all__ = ["DEFAULT_DRAFT", "K_MAX", "LONGEST_DRAFT", "MAX_TREE_WIDTH", "Engine", "Result", "Stream", "load",
+           "open_engine", "plan_for", "prompt_tokens"]  # plan_for and the limits: run.py's, here for users
 
 
 @dataclass
@@ -277,41 +274,7 @@ def prompt_tokens(backend: Backend, prompt: str | Sequence[dict], *, chat: bool 
     return tokens
 
 
-def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
-             device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
-             kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
-             measure_bandwidth: bool = True):
-    """The memory plan for a target and a draft (or a Pair resolved already) on a device profile (default: this
-    machine) and/or within a budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded.
-    See plan.planner."""
-    from edgespec.plan.planner import make_plan
-    from edgespec.plan.profiles import get_profile
-    from edgespec.units import parse_size
-
-    pair = resolve_pair(target, draft)
-    target, spec = pair.target, pair.draft.inner  # prompt lookup in front of a draft needs no memory of its own
-    kind = {"none": "none", "lookup": "ngram", "model": "model"}.get(spec.kind, "heads")
-    target_info = read_model_info(target)
-    heads_bytes = None
-    if spec.kind == "eagle":
-        from edgespec.drafts.eagle import eagle_bytes
-
-        rows = {t.name: t.type for t in target_info.tensors}
-        rows = rows.get("output.weight") or rows.get("token_embd.weight")
-        heads_bytes = eagle_bytes(spec.source, target_info.n_vocab, n_ctx or target_info.n_ctx_train or 4096,
-                                  rows_quantized=rows not in ("F32", "F16"))
-    elif spec.kind == "medusa":
-        from edgespec.drafts.heads import medusa_bytes
-
-        heads_bytes = medusa_bytes(spec.source, target_info.n_vocab, target_info.n_embd)
-    draft_info = read_model_info(spec.source) if kind == "model" else None
-    budget = parse_size(budget) if isinstance(budget, str) else budget
-    profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
-    return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
-                     kv_type=kv_type, drafter=kind, k_max=k_max, heads_bytes=heads_bytes)
-
-
-def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
+def load(target: str | os.PathLike | Pair | Run | None = None, draft: str | os.PathLike | None = DEFAULT_DRAFT, *,
          n_ctx: int | None = None, threads: int | None = None, k_max: int = K_MAX, provider: str | None = None,
          device: str | None = None, budget: str | int | None = None, kv_type: str | None = None,
          profiles: str | os.PathLike | None = None, hidden: bool = False, tree_width: int = 1,
@@ -321,7 +284,8 @@ def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLik
     Args:
         target: a GGUF file, an ONNX export folder, or a GGUF on the Hugging Face hub by name,
             org/repo[:QUANT][@REVISION] (models/hub.py); None for the default model (SmolLM2-135M-Instruct); or
-            a Pair (pair.resolve_pair) of a target and a draft resolved already, `draft` then unread.
+            a Pair (pair.resolve_pair) of a target and a draft resolved already, `draft` then unread; or a Run
+            (run.resolve_run) of one stream, every other argument then unread.
         draft: "auto" (the default: prompt lookup, with the shipped EAGLE head behind it on an ONNX export of the
             default model, where bench measured that faster; for a target by hub name, a smaller model with its
             vocabulary found in the hub cache or the catalogue, choose_draft), "ngram" (prompt lookup), "none", a
@@ -352,56 +316,22 @@ def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLik
             nothing runs beside the target (no draft, or prompt lookup), "runs" beside a draft model or heads,
             whose threads need the cores between the target's runs.
     """
-    from edgespec.drafts.base import DRAFT_WINDOWS
-    from edgespec.plan.planner import DEFAULT_CTX
-    from edgespec.plan.report import refusal
+    return open_engine(resolve_run(target, draft, n_ctx=n_ctx, threads=threads, k_max=k_max, provider=provider,
+                                   device=device, budget=budget, kv_type=kv_type, profiles=profiles, hidden=hidden,
+                                   tree_width=tree_width, gate=gate, spin=spin, gpu_layers=gpu_layers))
 
-    pair = resolve_pair(target, draft)
-    target, draft = pair.target, pair.draft
-    if n_ctx is not None and n_ctx < 16:
-        raise EdgespecError(f"context must be at least 16 tokens, got {n_ctx}")
-    if not 1 <= tree_width <= MAX_TREE_WIDTH:
-        raise EdgespecError(f"tree width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
-    if tree_width > 1 and not draft.needs_memory:
-        raise EdgespecError("draft trees come from a draft model or heads: pass a draft model (*.gguf), a "
-                            "*.medusa.npz or *.eagle.npz draft (edgespec train-heads), or a tree width of 1")
-    if tree_width > 1 and is_onnx(target):
-        raise EdgespecError(f"{target}: draft trees are verified in one pass by llama.cpp (GGUF targets); heads on an "
-                            "ONNX target draft chains (tree width 1)")
-    if tree_width > 1 and draft.lookup_first:
-        raise EdgespecError(f"{draft}: prompt lookup drafts chains; pass the heads alone for trees, or a tree width "
-                            "of 1")
-    layers = placement.parse_gpu_layers(gpu_layers)
-    if layers is None and device is None and budget is None and placement.gpu_default(target):
-        device = "auto"  # GPU first: the plan for this machine puts on its GPU what fits there
-    plan = None
-    settings = {"kv_type": kv_type or "f16", "n_ubatch": 512, "n_gpu_layers": 0}
-    draft_settings = dict(settings)
-    window = DRAFT_WINDOWS[0]
-    if device is not None or budget is not None:
-        plan = plan_for(pair, device=device, budget=budget, n_ctx=n_ctx, kv_type=kv_type, k_max=k_max,
-                        profiles=profiles, measure_bandwidth=False)
-        if not plan.fits:
-            raise EdgespecError(refusal(plan))
-        n_ctx, window = plan.target.n_ctx, plan.draft_window
-        settings = {"kv_type": plan.target.kv_type, "n_ubatch": plan.target.n_ubatch,
-                    "n_gpu_layers": plan.target.n_gpu_layers}
-        if plan.draft is not None:
-            draft_settings = {"kv_type": plan.draft.kv_type, "n_ubatch": plan.draft.n_ubatch,
-                              "n_gpu_layers": plan.draft.n_gpu_layers}
-        gpu_providers = plan.profile.name == "auto" or set(plan.profile.onnxruntime) - {"cpu"}
-        provider = provider or ("auto" if gpu_providers else "cpu")
-    if layers is not None:  # asked for: over the plan's
-        settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
-    provider = provider or ("cpu" if layers == 0 else "auto")
-    if spin is None:
-        spin = True if draft.kind in ("none", "lookup") else SPIN_WITHIN_RUNS
-    target_backend = open_model(target, n_ctx=n_ctx or DEFAULT_CTX, threads=threads, provider=provider,
-                                hidden=hidden or draft.heads is not None, spin=spin, **settings)
+
+def open_engine(run: Run) -> Engine:
+    """Open a Run of one stream (run.resolve_run): its target, its drafter, their pass costs timed here and the
+    controller built from them."""
+    draft = run.pair.draft
+    target_backend = open_model(run.pair.target, n_ctx=run.n_ctx, threads=run.threads, provider=run.provider,
+                                hidden=run.hidden, spin=run.spin, **run.target_settings.as_kwargs())
     try:
-        drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=window, threads=threads,
-                                                          provider=provider, **draft_settings)
-        if tree_width > 1 and not drafter.trees:
+        drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=run.draft_window,
+                                                          threads=run.threads, provider=run.provider,
+                                                          **run.draft_settings.as_kwargs())
+        if run.tree_width > 1 and not drafter.trees:
             if draft_backend is not None:
                 draft_backend.close()
             raise EdgespecError(f"{draft}: a draft model with another vocabulary than the target's drafts chains "
@@ -409,8 +339,8 @@ def load(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLik
     except BaseException:
         target_backend.close()
         raise
-    k_max = min(k_max, LONGEST_DRAFT // tree_width)  # a round's tree fits one pass
-    pass_costs = measure_pass_costs(target_backend, k_max * tree_width + 1) if drafter is not None else {}
+    k_max = min(run.k_max, LONGEST_DRAFT // run.tree_width)  # a round's tree fits one pass
+    pass_costs = measure_pass_costs(target_backend, k_max * run.tree_width + 1) if drafter is not None else {}
     controller = controller_for(target_backend, drafter, draft_backend, pass_costs, draft_cost, k_max)
-    return Engine(target_backend, drafter, controller, draft_backend, plan, tree_width=tree_width, gate=gate,
-                  draft_choice=dict(pair.choice))
+    return Engine(target_backend, drafter, controller, draft_backend, run.plan, tree_width=run.tree_width,
+                  gate=run.gate, draft_choice=dict(run.pair.choice))

@@ -4,8 +4,9 @@ A user names a pair in several ways: a file, an ONNX export folder, a hub name (
 default model; a draft as a file, a shipped draft's name ("eagle"), "ngram", "ngram+" before a model or heads, a
 hub name, or "auto", which stands for a draft chosen with the target (drafts/auto.choose_draft). `resolve_pair`
 turns that into a Pair once: the target's file (a hub model fetched), the draft's DraftSpec with its files
-(drafts/spec.py) and the record of the choice. `load`, `plan_for`, `Parallel`, `auto_streams` and the CLI take a
-Pair where they are given one and resolve nothing again; given names, they resolve them here, once.
+(drafts/spec.py) and the record of the choice. A Run (run.py) is a Pair with the settings it runs with; `load`,
+`plan_for`, `Parallel`, `auto_streams` and the CLI take a Pair where they are given one and resolve nothing again;
+given names, they resolve them here, once.
 """
 
 from __future__ import annotations

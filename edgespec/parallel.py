@@ -20,23 +20,22 @@ import os
 import queue
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
-from edgespec.api import K_MAX, Engine, Result
+from edgespec.api import Engine, Result, open_engine
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
-from edgespec.backends.model_info import read_model_info
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
 from edgespec.drafts.spec import model_drafter
-from edgespec.errors import EdgespecError
-from edgespec.pair import Pair, resolve_pair
-from edgespec.plan import placement
-from edgespec.plan.placement import ALL_LAYERS, gpu_name
-from edgespec.plan.planner import CTX_STEP
+from edgespec.pair import Pair
+from edgespec.run import K_MAX, Run, resolve_run
 
-AUTO_STREAMS = 4  # requests `edgespec serve` generates at once unless told, where they fit: llama-server's slots
+
+def open_run(run: Run) -> Engine | Parallel:
+    """A Run opened: an Engine for one stream, a Parallel (an Engine a stream) for several. Both are what the server
+    serves (server.Served)."""
+    return open_engine(run) if run.streams == 1 else Parallel(run)
 
 
 def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
@@ -50,74 +49,6 @@ def _rows_costs(measured: dict[int, float], rows: int) -> dict[int, float]:
     return costs
 
 
-def _one_stream(target: str, spec) -> str | None:
-    """Why `target` with the draft `spec` runs one stream at a time (None: it runs as streams)."""
-    if Path(target).is_dir() or Path(target).suffix.lower() != ".gguf":
-        return (f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target answers one "
-                "request at a time")
-    if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
-        return (f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and prompt lookup in "
-                "front of a draft run one stream at a time")
-    return None
-
-
-def _layout(spec, gpu_layers, n_ctx: int) -> tuple[bool, int]:
-    """(whether the streams share one pool of KV cells, the cells each stream's context takes).
-
-    Streams keep a pool of cells each (llama-server's slots' layout): a row's attention then reads its own stream's
-    cells, not all of them (on the CPU a 4-stream pass at 1,000 tokens each 14 % cheaper, a prompt's prefill
-    beside three such streams 18 %: docs/results/2026-11-27-long-prompts.md). But llama.cpp then computes the rows
-    a stream's draft adds beyond the others' one token as a pass of their own, which a GPU pays as a whole pass
-    where the same rows in one pool cost little; and a draft model's streams step their draft model together. So
-    on a GPU, and with a draft model, drafting streams share one pool."""
-    on_gpu = gpu_name() is not None and placement.parse_gpu_layers(gpu_layers) != 0
-    unified = spec.kind == "model" or (spec.kind == "lookup" and on_gpu)
-    return unified, n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # a pool rounded up as llama.cpp does
-
-
-def auto_streams(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = "ngram", *,
-                 n_ctx: int = 2048, gpu_layers: int | str | None = None, device: str | None = None,
-                 budget: str | int | None = None, kv_type: str | None = None,
-                 profiles: str | os.PathLike | None = None, tree_width: int = 1) -> tuple[int, str]:
-    """How many requests `edgespec serve` generates at once unless told (--parallel auto), and why: AUTO_STREAMS,
-    as llama-server's slots, where the target is a GGUF file, the draft runs as streams (chains: tree_width 1),
-    the model was trained for that many contexts of n_ctx tokens and their KV caches fit: the memory plan for the
-    device (this machine unless `device`) within `budget`, with as many of the target's layers on a GPU as one
-    stream's plan; fewer streams where that many do not fit; 1 (one Engine, one request at a time) otherwise.
-    Reads headers only. target: also a Pair resolved already (pair.resolve_pair), `draft` then unread."""
-    from edgespec.api import plan_for
-
-    if tree_width > 1:
-        return 1, "draft trees run one stream at a time"
-    pair = resolve_pair(target, draft)
-    target, spec = pair.target, pair.draft
-    refused = _one_stream(target, spec)
-    if refused:
-        return 1, refused
-    _, cells = _layout(spec, gpu_layers, n_ctx)
-    trained = read_model_info(target).n_ctx_train or 0
-    most = min(AUTO_STREAMS, trained // cells) if trained else AUTO_STREAMS
-    if most < 2:
-        return 1, f"{Path(target).name} was trained for {trained} tokens: one context of {n_ctx}"
-    planned = device is not None or budget is not None  # else loaded as asked: f16 KV cache, every layer on a GPU
-
-    def plan(streams: int):
-        return plan_for(pair, device=device, budget=budget, n_ctx=cells * streams,
-                        kv_type=kv_type or (None if planned else "f16"), profiles=profiles, measure_bandwidth=False)
-
-    one = plan(1)
-    for streams in range(most, 1, -1):
-        several = plan(streams)
-        if several.fits and several.target.n_gpu_layers >= one.target.n_gpu_layers:
-            break
-    else:
-        return 1, f"the KV caches of 2 contexts of {n_ctx} tokens do not fit ({one.budget_note})"
-    why = "" if streams == AUTO_STREAMS else (
-        f"; {AUTO_STREAMS} do not fit ({one.budget_note})" if (streams + 1) * cells <= trained or not trained
-        else f"; {Path(target).name} was trained for {trained} tokens")
-    return streams, f"{streams} contexts of {n_ctx} tokens{why}"
-
-
 class Parallel:
     """Up to `streams` generations at once on one llama.cpp target (see the module docstring).
 
@@ -125,54 +56,30 @@ class Parallel:
     a catalogued draft model for a hub target), "none", "ngram" (prompt lookup per stream) or a draft model (GGUF
     file or hub name, the target's vocabulary, padded, or another tokenizer; its steps joined across streams as
     the target's passes are); heads draft one stream at a time. n_ctx: each stream's context. gpu_layers: target
-    and draft layers on the GPU (default: all where this llama.cpp has a GPU). device, budget, kv_type, profiles:
-    plan the memory of `streams` contexts (api.plan_for) and refuse what cannot fit before any weights load."""
+    and draft layers on the GPU (default: where this llama.cpp has a GPU, what the plan for this machine puts
+    there). device, budget, kv_type, profiles: plan the memory of `streams` contexts (run.plan_for) and refuse
+    what cannot fit before any weights load. target: also a Run (run.resolve_run), every other argument then
+    unread."""
 
-    def __init__(self, target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = "ngram", *,
-                 streams: int = 4, n_ctx: int = 2048, threads: int | None = None, gpu_layers: int | str | None = None,
-                 k_max: int = K_MAX, device: str | None = None, budget: str | int | None = None,
-                 kv_type: str | None = None, profiles: str | os.PathLike | None = None):
-        if not 1 <= streams <= MAX_OUTPUTS:
-            raise EdgespecError(f"streams must be 1 to {MAX_OUTPUTS} (the sequences a context holds), got {streams}")
-        pair = resolve_pair(target, draft)
-        target, spec = pair.target, pair.draft
-        self.draft_choice = dict(pair.choice)
-        refused = _one_stream(target, spec)
-        if refused:
-            raise EdgespecError(refused)
-        unified, cells = _layout(spec, gpu_layers, n_ctx)
-        trained = read_model_info(target).n_ctx_train or 0
-        if trained and trained // streams < n_ctx:  # llama.cpp holds a model to it; read before any weights load
-            raise EdgespecError(f"{streams} streams of {n_ctx} tokens need {streams * n_ctx} cells, more than "
-                                f"{Path(target).name} was trained for ({trained}): ask for fewer streams or a "
-                                "shorter context")
-        self._own_pass = spec.kind == "lookup" and not unified  # a draft's rows: a pass of their own (_batch_costs)
-        layers = placement.parse_gpu_layers(gpu_layers)
-        settings = {"kv_type": kv_type or "f16", "n_gpu_layers": ALL_LAYERS if gpu_name() else 0}
-        draft_settings = dict(settings)
-        self.plan = None
-        if device is not None or budget is not None:  # every stream's cells planned as one context of their sum
-            from edgespec.api import plan_for
-            from edgespec.plan.report import refusal
-
-            self.plan = plan_for(pair, device=device, budget=budget, n_ctx=cells * streams,
-                                 kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False)
-            if not self.plan.fits:
-                raise EdgespecError(f"{streams} streams of {n_ctx} tokens: {refusal(self.plan)}")
-            settings = {"kv_type": self.plan.target.kv_type, "n_gpu_layers": self.plan.target.n_gpu_layers}
-            if self.plan.draft is not None:
-                draft_settings = {"kv_type": self.plan.draft.kv_type, "n_gpu_layers": self.plan.draft.n_gpu_layers}
-        if layers is not None:  # asked for: over the plan's
-            settings["n_gpu_layers"] = draft_settings["n_gpu_layers"] = layers
+    def __init__(self, target: str | os.PathLike | Pair | Run | None = None, draft: str | os.PathLike | None = "ngram",
+                 *, streams: int = 4, n_ctx: int = 2048, threads: int | None = None,
+                 gpu_layers: int | str | None = None, k_max: int = K_MAX, device: str | None = None,
+                 budget: str | int | None = None, kv_type: str | None = None,
+                 profiles: str | os.PathLike | None = None):
+        run = resolve_run(target, draft, streams=streams, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers,
+                          k_max=k_max, device=device, budget=budget, kv_type=kv_type, profiles=profiles)
+        self.run, self.plan, self.draft_choice = run, run.plan, dict(run.pair.choice)
+        spec, streams, n_ctx, k_max = run.pair.draft, run.streams, run.n_ctx, run.k_max
+        self._own_pass = spec.kind == "lookup" and not run.one_pool  # a draft's rows: a pass of their own
         self.streams = streams
         self._lock = threading.Lock()
 
-        def shared(path, ctx, s, drafts_for=None):
-            return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=threads, sequences=streams,
-                                              overlap=False, outputs=streams * MAX_OUTPUTS, unified=unified, **s),
-                                 drafts_for=drafts_for)
+        def shared(path, ctx, settings, drafts_for=None):
+            return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=run.threads, sequences=streams,
+                                              overlap=False, outputs=streams * MAX_OUTPUTS, unified=run.one_pool,
+                                              **settings.as_kwargs()), drafts_for=drafts_for)
 
-        self.target = shared(target, n_ctx, settings)
+        self.target = shared(run.pair.target, n_ctx, run.target_settings)
         self.draft = None
         try:
             # passes of up to streams + k_max rows: a stream drafting k beside others that send a token each
@@ -187,7 +94,7 @@ class Parallel:
                 # (the others' verify waits for it). Priced as a share of a step of every generating stream, a
                 # stream whose text drafted well drafted alone at a fraction of its cost: at 2 streams 93 tok/s
                 # against 97 target-only, the draft model declined (docs/results/2026-11-27-streams-draft.md)
-                self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, draft_settings, self.target)
+                self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, run.draft_settings, self.target)
                 draft_cost = measure_pass_costs(self.draft.stream(0), 1)[1]
             draft_streams = [self.draft.stream(i) if self.draft else None for i in range(streams)]
             drafters = [model_drafter(backend, self.target.backend.vocab, quiet=i > 0) if backend is not None

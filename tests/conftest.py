@@ -10,6 +10,19 @@ import pytest  # noqa: E402
 
 CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 
+# Tests come in three tiers (docs/testing.md): `real` ones run a real model, an export, torch or a server; `laws`
+# ones draw thousands of tokens through the exact rule to check a law (seconds each); the rest, pure functions and
+# the loop on fake backends, are the fast tier a developer runs while working (make test-fast). A test that asks for
+# one of these fixtures is `real` without saying so; other tests carry their tier's mark themselves.
+REAL_FIXTURES = frozenset({"default_gguf", "q4_0_gguf", "padded_gguf", "padded_q4_0_gguf", "retokenized_q4_0_gguf",
+                           "smollm2_checkpoint", "reference_pair", "tiny_checkpoint", "default_corpus", "subset_gguf"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("real") is None and REAL_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.real)
+
 
 @pytest.fixture(scope="session")
 def default_gguf():

@@ -66,6 +66,7 @@ def test_greedy_replay_is_the_loop_path(kind, tmp_path):
     assert drafted > 20
 
 
+@pytest.mark.laws
 def test_predicted_acceptance_at_a_temperature_matches_the_loop():
     """At temperature 1 the walk accepts each depth with the probability the rule has there; its predicted
     acceptance is the loop's measured one (many answers on a fake pair), for each draft length."""
@@ -216,7 +217,7 @@ def test_prompts_alternate_so_every_template_lands_on_both_sides():
     assert len(everything[0]) == len(everything[1]) == 12
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_advise_on_the_real_model_predicts_what_the_loop_then_measures(q4_0_gguf, tmp_path):
     """Calibration and check on the same prompts (each twice in the file: one copy each side): at temperature 0
     predicted and measured acceptance agree at every draft length, for a draft model and prompt lookup."""

@@ -65,6 +65,7 @@ def exported(request, default_tokenizer, tmp_path_factory):
     return Exported(family, checkpoint, HFModel(checkpoint), gguf, onnx)
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("fmt", ["gguf", "onnx"])
 def test_float_exports_reproduce_the_checkpoint(exported, fmt):
     report = getattr(exported, fmt)["parity"]
@@ -74,6 +75,7 @@ def test_float_exports_reproduce_the_checkpoint(exported, fmt):
     assert report["overall"]["kl"] < 1e-5
 
 
+@pytest.mark.real
 def test_gguf_context_is_capped_only_where_llama_cpp_drops_the_window(exported):
     """Gemma 2's GGUF keeps its window (llama.cpp attends within it); Mistral's becomes a Llama without one, so
     its context ends at the window, within which the two attend alike."""
@@ -91,6 +93,7 @@ def test_sliding_window_is_read_from_the_config(config, window):
     assert sliding_window(config) == window
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("fmt", ["gguf", "onnx"])
 def test_loaded_exports_decode_greedy_as_transformers(exported, fmt):
     capped = exported.gguf["context_capped_to"] if fmt == "gguf" else None
@@ -119,6 +122,7 @@ def shortfall(source: HFModel, ids: list[int], tokens: list[int]) -> np.ndarray:
     return logits.max(-1) - logits[np.arange(len(tokens)), tokens]
 
 
+@pytest.mark.real
 def test_gguf_and_onnx_exports_share_one_vocabulary(exported):
     """The two exports of a checkpoint can form a mixed target/draft pair: equal token texts, printed pieces,
     BOS, EOS and end-of-generation ids, the family's end-of-turn token among them."""
@@ -134,6 +138,7 @@ def test_gguf_and_onnx_exports_share_one_vocabulary(exported):
     onnx.close()
 
 
+@pytest.mark.real
 def test_onnx_exports_return_the_hidden_state_their_output_layer_reads(exported):
     """Draft heads read the final hidden state and the output layer, found behind Gemma 2's soft-capping too."""
     backend = OnnxBackend(exported.path("onnx"), n_ctx=64, n_threads=1, hidden=True)

@@ -43,11 +43,11 @@ def work(monkeypatch):
             raise AssertionError(f"{name} ran on a bad value")
         return started_work
 
-    import edgespec.cli.options
+    import edgespec.parallel
     import edgespec.train.distill
     import edgespec.train.heads
 
-    monkeypatch.setattr(edgespec.cli.options, "load", record("load"))
+    monkeypatch.setattr(edgespec.parallel, "open_run", record("load"))  # what every command opens a run with
     monkeypatch.setattr(edgespec.train.distill, "distill", record("distill"))
     monkeypatch.setattr(edgespec.train.heads, "train_heads", record("train_heads"))
     return started

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from edgespec.cli import main
 from edgespec.plan.placement import gpu_name
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 
 @pytest.fixture

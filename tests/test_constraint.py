@@ -59,6 +59,7 @@ def constrained_law(table, params, n):
     return law
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("kind, broken", [("model", False), ("model-unaware", False), ("ngram", False),
                                           ("model", True)])
 def test_constrained_output_follows_the_constrained_target(monkeypatch, kind, broken):
@@ -96,7 +97,7 @@ def test_constrained_output_follows_the_constrained_target(monkeypatch, kind, br
 ROBOT_SCHEMA = json.loads(resources.files("edgespec").joinpath("data/robot.schema.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.real
 @pytest.mark.parametrize("draft", ["ngram", "model"])
 def test_robot_prompts_give_valid_json_and_greedy_output_is_the_constrained_targets(default_gguf, q4_0_gguf,
                                                                                    draft):

@@ -73,7 +73,7 @@ def test_the_cli_refuses_a_corpus_beside_itself_before_any_work(default_corpus, 
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_heads_train_on_sampled_answers_beside_greedy_ones(default_gguf, tmp_path):
     from edgespec.train.heads import train_heads
 

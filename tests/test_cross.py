@@ -92,6 +92,7 @@ class Unrenormalised(CrossDrafter):
         return tokens, [Weights(q.ids, q.w, q.total / 0.5) for q in laws]
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("kind, broken", [(CrossDrafter, False), (CrossDrafter, True), (Unrenormalised, True)],
                          ids=["exact", "no-residual", "unrenormalised"])
 def test_cross_tokenizer_drafts_draw_the_target_law(monkeypatch, kind, broken):

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 import edgespec  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 MAX_TOKENS = 24
 # one llama.cpp thread: on cores shared with other jobs, spinning threads that wait for each other slow

@@ -245,7 +245,7 @@ def soft_checkpoint(tmp_path_factory):
     return soft_llama(tmp_path_factory.mktemp("soft-llama"))
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_checkpoint, tmp_path):
     from transformers import LlamaForCausalLM
 
@@ -286,7 +286,7 @@ def test_distilled_draft_trains_exports_and_pairs_exactly_with_its_target(soft_c
     assert spec.tokens == base.tokens and spec.stats.drafted > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
     """distill --temperature/--seed: the corpus records both, its answers are not the greedy ones, and a draft
     trains on it."""
@@ -309,7 +309,7 @@ def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
     assert answers[0] != answers[1] and greedy["train_positions"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_path):
     """--init: the second run starts where the first ended (its held-out loss before training is the first's
     after), and a checkpoint that is not a draft of this target is refused before any corpus is written."""
@@ -377,7 +377,7 @@ def test_a_grown_draft_computes_what_it_computed_until_trained(soft_checkpoint):
     assert grown.model.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_a_refused_export_keeps_the_trained_draft_and_its_report(soft_checkpoint, tmp_path, monkeypatch):
     """Training done, export refused (a parity check, say): the checkpoint and its training report stay, the
     error says how to export it, and no draft GGUF is written."""

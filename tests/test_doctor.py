@@ -22,6 +22,7 @@ def test_chi2_tail_matches_scipy_where_it_decides(x, df):
     assert doctor.chi2_sf(x, df) == pytest.approx(exact, rel=0.1 if df > 2 else 1e-9)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.95)])
 @pytest.mark.parametrize("broken", [False, True])
 def test_self_test_passes_the_rule_and_fails_a_broken_one(monkeypatch, broken, params):
@@ -46,7 +47,7 @@ def test_step_costs_are_the_ones_the_controller_measured_at_load():
                                            "draft_read_ms": 1.0}
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     runner = CliRunner()
     result = runner.invoke(main, ["doctor", "--json", "--draws", "4000"])

@@ -110,6 +110,7 @@ def test_the_drafter_pairs_each_state_with_the_token_it_produced(tmp_path, runne
 T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, width, broken, runner, gated", [
     (T1, 1, False, "ggml", False), (T1, 1, False, "numpy", False), (T08, 1, False, "ggml", False),
     (T1, 1, True, "ggml", False), (T1, 2, False, "ggml", False), (T08, 3, False, "ggml", False),
@@ -194,7 +195,7 @@ def test_eagle_files_are_checked(tmp_path):
         EagleDrafter(path, FakeBackend(random_table(np.random.default_rng(0), V)), embeddings=embeddings)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_a_trained_eagle_head_on_the_real_model_learns_and_keeps_greedy_output(default_gguf, default_corpus,
                                                                                tmp_path):
     from edgespec.api import load, plan_for
@@ -244,7 +245,7 @@ def test_shipped_drafts_are_named_and_unknown_names_refused():
         shipped_draft("medusa")
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_shipped_head_drafts_for_the_default_model_and_keeps_greedy_output(default_gguf):
     """The EAGLE head that ships ("eagle", trained on the default model's f32 export) loads for the default model,
     is accepted there well beyond chance, and, alone and behind prompt lookup, keeps greedy output."""

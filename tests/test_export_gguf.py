@@ -39,7 +39,7 @@ def test_every_gguf_type_from_the_converter_or_the_quantizer(tiny_checkpoint, tm
     assert not [n for n in only_outputs(tmp_path) if n.startswith(".")]  # no temporaries left
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_real_checkpoint_to_f32_and_q4_k_m(smollm2_checkpoint, tmp_path):
     f32 = export(str(smollm2_checkpoint), "gguf", "f32", tmp_path / "smol-f32.gguf", progress=False)
     assert f32["parity"]["passed"] and f32["parity"]["overall"]["greedy_equal"] == len(parity.PARITY_PROMPTS)
@@ -57,7 +57,7 @@ def _shipped():
     return LlamaBackend(default_target(), n_ctx=256)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_gguf_source_is_requantized_with_parity_against_it(default_gguf, tmp_path):
     summary = export(str(default_gguf), "gguf", "q8_0", tmp_path / "smol-q8_0.gguf", progress=False)
     assert summary["parity"]["passed"] and summary["parity"]["overall"]["top1_agreement"] > 0.95

@@ -182,14 +182,14 @@ def smollm2_fp32(smollm2_checkpoint, tmp_path_factory):
     return export_onnx(smollm2_checkpoint, tmp_path_factory.mktemp("smollm2-onnx") / "fp32", "fp32", progress=False)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_fp32_export_reproduces_the_checkpoint(smollm2_fp32):
     report = smollm2_fp32["parity"]
     assert report["passed"], report["failures"]
     assert report["overall"]["greedy_equal"] == len(parity.PARITY_PROMPTS)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 @pytest.mark.parametrize("quant, max_size", [("int8", 0.5), ("int4", 0.4)])
 def test_smollm2_quantized_export_passes_parity(smollm2_checkpoint, smollm2_fp32, tmp_path, monkeypatch,
                                                 quant, max_size):

@@ -229,6 +229,7 @@ def cases(draw):
     return row, params, rng.random(20), draw(st.sampled_from(HERE))
 
 
+@pytest.mark.laws
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_the_fast_path_is_the_reference_on_any_row(case):

@@ -49,6 +49,7 @@ def heads_file(tmp_path, target, n_heads=3, seed=0, subset=None):
 T1, T08 = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, width, broken, gated", [(T1, 1, False, False), (T08, 1, False, False),
                                                           (T1, 1, True, False), (T1, 2, False, False),
                                                           (T08, 3, False, False), (T1, 3, True, False),
@@ -71,6 +72,7 @@ def test_medusa_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, wi
 SUBSET = np.array([1, 2, 4])  # EOS (0) and token 3 are never drafted
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, width, broken", [(T1, 1, False), (T08, 2, False), (T1, 1, True), (T1, 2, True)])
 def test_heads_over_a_token_subset_keep_the_target_law(tmp_path, monkeypatch, params, width, broken):
     """Heads that draft from a subset of the vocabulary (the output layer's rows for those tokens): every
@@ -125,7 +127,7 @@ def test_heads_files_are_checked(tmp_path):
         MedusaDrafter(path, plain, output=np.eye(V))
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_trained_heads_on_the_real_model_learn_and_keep_greedy_output(default_gguf, default_corpus, tmp_path):
     from edgespec.api import load
     from edgespec.backends.llama.backend import LlamaBackend

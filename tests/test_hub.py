@@ -411,7 +411,7 @@ def test_auto_keeps_prompt_lookup_for_files_and_the_default_model(default_gguf, 
     assert "model file or folder" in choose_draft(default_gguf)["reason"]
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_generate_reports_the_auto_choice_and_the_fallback(populated, ggufs):
     from edgespec.api import load
 

@@ -65,7 +65,7 @@ FLOORS = {name: floor for floor, names in enumerate((
     ("drafts",),  # draw from decode's laws
     ("plan",),  # what fits and what pays, the simulator and the bounds
     ("export",),
-    ("pair", "api", "tool_calls", "web"),  # what to run, resolved once; the Python API
+    ("pair", "run", "api", "tool_calls", "web"),  # what to run and how, resolved once; the Python API
     ("parallel", "bench", "doctor", "train"),  # built on the API (train runs the target through it)
     ("server",),
     ("cli", "edgespec"),

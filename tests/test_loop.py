@@ -224,6 +224,7 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
     return drafted
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, width, broken, gated", [(SamplingParams(temperature=1.0), 1, False, False),
                                                           (SamplingParams(temperature=0.7, top_k=4), 1, False, False),
                                                           (SamplingParams(temperature=1.0), 1, True, False),
@@ -247,6 +248,7 @@ def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, widt
     assert drafted > 6000 * (2 * width if width > 1 else 1 / 2 if gated else 1)  # the rounds did draft (trees: trees)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
                                             (SamplingParams(temperature=0.7, top_k=4), False),
                                             (SamplingParams(temperature=1.0), True)])
@@ -271,6 +273,7 @@ def test_trees_in_the_planned_shapes_follow_the_target_chain(monkeypatch, params
                for shape in shapes for node in range(shape.size))  # a later guess had children
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, width, broken, draft_max", [(SamplingParams(temperature=1.0), 2, False, None),
                                                              (SamplingParams(temperature=0.7, top_k=4), 3, False, 3),
                                                              (SamplingParams(temperature=1.0), 3, True, None)])
@@ -288,6 +291,7 @@ def test_a_draft_models_trees_follow_the_target_chain(monkeypatch, params, width
     assert drafted > 6000 * 2 * width  # siblings were verified
 
 
+@pytest.mark.laws
 def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
     """The gate may end a chain on what the draft thought before drawing a token, never on the token drawn: a
     confidence that is the draft's probability of its own draw keeps likely draws more often than the draft
@@ -333,6 +337,7 @@ class Sources(LookupFirstDrafter):
         return tokens, probs
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("params, broken, gated", [(SamplingParams(temperature=1.0), False, False),
                                                    (SamplingParams(temperature=0.7, top_k=4), False, True),
                                                    (SamplingParams(temperature=1.0), True, False)])

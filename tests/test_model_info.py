@@ -24,6 +24,7 @@ def gguf_pair(request):
     return path, gguf.GGUFReader(path)
 
 
+@pytest.mark.real
 def test_gguf_tensor_table_equals_gguf_py(gguf_pair):
     path, reader = gguf_pair
     _, tensors = read_gguf_header(path)

@@ -464,7 +464,7 @@ def real_onnx(smollm2_onnx):
     backend.close()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_real_export_greedy_matches_its_f32_gguf(real_onnx, smollm2_f32_gguf):
     onnx_engine = Engine(real_onnx, None, None)
     gguf_engine = Engine(LlamaBackend(smollm2_f32_gguf, n_ctx=1024), None, None)
@@ -475,7 +475,7 @@ def test_real_export_greedy_matches_its_f32_gguf(real_onnx, smollm2_f32_gguf):
     gguf_engine.close()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 @pytest.mark.parametrize("draft_file", ["default_gguf", "padded_q4_0_gguf"])
 def test_mixed_pair_onnx_target_gguf_draft_is_exact(request, real_onnx, draft_file):
     """An ONNX target drafted by a GGUF of its vocabulary, and by one with 128 padding ids it lacks."""
@@ -493,7 +493,7 @@ def test_mixed_pair_onnx_target_gguf_draft_is_exact(request, real_onnx, draft_fi
     draft.close()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_temperature_one_first_tokens_match_target_only(real_onnx):
     """As in test_real_model: the first two tokens over 300 seeds, target-only vs ngram speculative."""
     engine = Engine(real_onnx, PromptLookupDrafter(real_onnx.vocab.n_vocab), controller())
@@ -508,7 +508,7 @@ def test_temperature_one_first_tokens_match_target_only(real_onnx):
     assert len(set(base)) > 3
 
 
-@pytest.mark.slow
+@pytest.mark.real
 @pytest.mark.parametrize("draft", ["ngram", "onnx"])
 def test_real_onnx_greedy_speculation_equals_target_only(real_onnx, smollm2_onnx, draft):
     """On the ONNX export of the real checkpoint, with prompt lookup and with an ONNX draft model (a second
@@ -528,7 +528,7 @@ def test_real_onnx_greedy_speculation_equals_target_only(real_onnx, smollm2_onnx
         draft_backend.close()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_onnx, smollm2_onnx,
                                                                            smollm2_f32_gguf):
     """The EAGLE head that ships (trained on llama.cpp's hidden states) on the ONNX export of the same checkpoint:
@@ -563,7 +563,7 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
         load(smollm2_onnx, "eagle", tree_width=2)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_an_eagle_head_trains_on_the_real_export(smollm2_onnx, tmp_path):
     """train-heads on the real fp32 export: the head starts from its last layer (read as the f32 GGUF's: the tiny
     test above holds the reading to that bit for bit), trains on the export's states, and keeps greedy output
@@ -583,7 +583,7 @@ def test_an_eagle_head_trains_on_the_real_export(smollm2_onnx, tmp_path):
     engine.close()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_temperature_one_with_the_eagle_head_on_onnx_matches_target_only(smollm2_onnx):
     """The first two tokens over 300 seeds, target-only vs speculative with the shipped EAGLE head."""
     from edgespec.api import load

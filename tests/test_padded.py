@@ -71,6 +71,7 @@ def test_a_padded_draft_model_keeps_the_target_output(n_draft, params):
         assert tokens_of(spec) == tokens_of(base)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("n_draft, broken", [(T - 1, False), (T + 1, False), (T - 1, True)])
 def test_padded_pairs_draw_the_target_law(monkeypatch, n_draft, broken):
     """The target gives real mass to its last id, which the smaller draft lacks (only the residual can emit it);

@@ -29,7 +29,7 @@ if CHROMIUM is None:
 import edgespec  # noqa: E402
 from edgespec.server import create_app, loading_thread  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 KEY = "page-key"
 N = 24  # tokens per answer: enough to compare, quick on two cores

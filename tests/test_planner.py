@@ -280,7 +280,7 @@ def settings(plan):
 
 
 def test_plenty_of_memory_changes_nothing(default_info, f32_info, q4_0_info):
-    alone = make_plan(default_info, None, BIG, drafter="ngram")
+    alone = make_plan(default_info, None, BIG, drafter="lookup")
     assert alone.fits and alone.changes == () and alone.suggestions == () and alone.draft is None
     t = alone.target
     assert (t.n_ctx, t.kv_type, t.n_ubatch, t.n_gpu_layers, alone.drafter) == (2048, "f16", 512, 0, "ngram")
@@ -345,7 +345,7 @@ def test_too_small_is_refused_with_what_is_missing_and_what_would_fit(f32_info, 
     assert f"{plan.missing / MiB:.1f} MiB is missing" in text and "--draft ngram" in text
     assert f"{budget / MiB:.1f} MiB is available" in text
     # every suggestion, taken, fits
-    assert make_plan(f32_info, None, BIG, budget=budget, drafter="ngram").fits
+    assert make_plan(f32_info, None, BIG, budget=budget, drafter="lookup").fits
     assert any("q4_k_m" in s for s in plan.suggestions)
     assert make_plan(requantized(f32_info, "q4_k_m"), q4_0_info, BIG, budget=budget).fits
 
@@ -360,11 +360,11 @@ def test_suggestions_under_a_fixed_context_fit_that_context(f32_info, q4_0_info)
     plan = make_plan(f32_info, q4_0_info, BIG, budget=budget, n_ctx=2048)
     assert not plan.fits
     if any("--draft ngram" in s for s in plan.suggestions):
-        assert make_plan(f32_info, None, BIG, budget=budget, n_ctx=2048, drafter="ngram").fits
+        assert make_plan(f32_info, None, BIG, budget=budget, n_ctx=2048, drafter="lookup").fits
 
 
 def test_refusal_without_a_draft_model_does_not_suggest_dropping_it(default_info):
-    plan = make_plan(default_info, None, BIG, budget=100 * MiB, drafter="ngram")
+    plan = make_plan(default_info, None, BIG, budget=100 * MiB, drafter="lookup")
     assert not plan.fits and plan.missing == plan.used - 100 * MiB
     assert "--draft ngram" not in refusal(plan) and "a device with more memory" in refusal(plan)
     assert refusal(plan) in format_plan(plan)
@@ -375,14 +375,14 @@ def test_discrete_gpu_smaller_than_the_model_offloads_part_of_the_layers(f32_inf
         return profile("small-gpu", memory_gib, unified=False, bandwidth=300e9, llama_cpp=("cuda", "cpu"),
                        host_bandwidth=50e9)
 
-    plan = make_plan(f32_info, None, gpu(0.7), drafter="ngram")  # 513 MiB of f32 weights; 317 MiB after CUDA
+    plan = make_plan(f32_info, None, gpu(0.7), drafter="lookup")  # 513 MiB of f32 weights; 317 MiB after CUDA
     t = plan.target
     assert plan.discrete and plan.fits and plan.used <= plan.capacity
     assert 0 < t.n_gpu_layers < f32_info.n_layer + 1 and t.n_ctx == 2048
     assert any(f"{t.n_gpu_layers} of 31 layers on the GPU" in c for c in plan.changes)
     assert plan.used == t.gpu_bytes + 400 * MiB  # the layers there, and the CUDA context
     assert t.gpu_bytes < f32_info.weight_bytes  # the rest stays in host RAM, outside the VRAM budget
-    more = make_plan(f32_info, None, gpu(0.8), drafter="ngram")
+    more = make_plan(f32_info, None, gpu(0.8), drafter="lookup")
     assert more.target.n_gpu_layers > t.n_gpu_layers and more.target.n_ctx == 2048
 
     pair = make_plan(f32_info, q4_0_info, gpu(0.7))
@@ -410,7 +410,7 @@ def test_to_dict_is_json_and_adds_up(f32_info, q4_0_info):
 # --- prediction ------------------------------------------------------------------------------------
 
 def test_predict_roofline_and_speculation(default_info, f32_info, q4_0_info):
-    ngram = make_plan(default_info, None, BIG, drafter="ngram")
+    ngram = make_plan(default_info, None, BIG, drafter="lookup")
     read = default_info.bytes_read_per_token() + ngram.target.kv_cache // 2
     first = predict(ngram, 0.5)
     assert first["target_tokens_per_second"] == round(BIG.bandwidth / read, 1)
@@ -499,14 +499,14 @@ def check_peak(result, ctx=None):
     assert target["context"] - 128 < result["prompt_tokens"] and result["generated"] == 64
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_peak_memory_of_the_default_model_with_ngram(default_gguf):
     from edgespec.bench import measure_peak
 
     check_peak(measure_peak(str(default_gguf), "ngram", ctx=2048, device="auto"), ctx=2048)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_peak_memory_of_the_reference_pair(reference_pair, f32_info, q4_0_info):
     from edgespec.bench import measure_peak
 
@@ -518,7 +518,7 @@ def test_peak_memory_of_the_reference_pair(reference_pair, f32_info, q4_0_info):
     assert result["plan"]["changes"] == [] and result["plan"]["models"][1]["kv_type"] == "f16"
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_peak_memory_of_the_reference_pair_under_a_budget(reference_pair):
     from edgespec.bench import measure_peak
 
@@ -529,6 +529,7 @@ def test_peak_memory_of_the_reference_pair_under_a_budget(reference_pair):
     assert plan["models"][0]["kv_type"] != "f16"  # the budget forced a smaller KV cache
 
 
+@pytest.mark.real
 def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
     """Without --device, a llama.cpp build with a GPU loads under the plan for this machine (what fits on the GPU),
     and the placement says where each model runs; --gpu-layers and --cpu override it. The GPU is said to be there

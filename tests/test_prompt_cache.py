@@ -20,7 +20,7 @@ from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS, sync
 from edgespec.errors import EdgespecError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 TEXT = open(__file__.replace("test_prompt_cache.py", "../docs/server.md"), encoding="utf-8").read()
 

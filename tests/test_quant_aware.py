@@ -9,6 +9,8 @@ from conftest import soft_llama
 
 from edgespec.errors import EdgespecError
 
+pytestmark = pytest.mark.real  # every test here trains or exports a torch model
+
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down"}
@@ -130,7 +132,6 @@ def soft_checkpoint(tmp_path_factory):
     return soft_llama(tmp_path_factory.mktemp("soft-llama"), layer_scale=8.0)
 
 
-@pytest.mark.slow
 def test_a_quantization_aware_full_depth_draft_trains_exports_and_pairs_exactly(soft_checkpoint, tmp_path):
     import torch
     from transformers import LlamaForCausalLM

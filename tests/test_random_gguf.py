@@ -6,7 +6,7 @@ import pytest
 from edgespec.errors import EdgespecError
 from edgespec.models.random_gguf import write_random_gguf
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 
 def test_a_padded_vocabulary_keeps_the_default_tokenizer(tmp_path):

@@ -10,7 +10,7 @@ import edgespec
 from edgespec.bench import read_prompts
 from edgespec.errors import EdgespecError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 PROMPTS = [row["prompt"] for row in read_prompts(None)]
 

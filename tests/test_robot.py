@@ -15,7 +15,7 @@ TOOLS = {t["function"]["name"]: t["function"]["parameters"]
 COMMANDS = ["move forward two meters", "turn left by 90 degrees", "pick up the red cup from the table",
             "place the box on the shelf", "stop"]
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 
 def valid(action: dict) -> bool:

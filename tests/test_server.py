@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 KEY = "test-key"
 PROMPT = [{"role": "user", "content": "Name three colors."}]

@@ -300,12 +300,12 @@ def test_metrics_count_statuses_tokens_and_drafts():
 def test_serve_passes_the_queue_and_time_limit_options_on(monkeypatch):
     from click.testing import CliRunner
 
+    import edgespec.parallel
     import edgespec.server
     from edgespec import cli
-    from edgespec.cli import options
 
     served_with = {}
-    monkeypatch.setattr(options, "load", lambda *args, **kwargs: Engine(Utf8Fake(), None, None))
+    monkeypatch.setattr(edgespec.parallel, "open_run", lambda run: Engine(Utf8Fake(), None, None))
     monkeypatch.setattr(edgespec.server, "serve", lambda engine, **options: served_with.update(options))
     result = CliRunner().invoke(cli.main, ["serve", "--draft", "none", "--parallel", "1", "--max-queue", "3",
                                            "--request-timeout", "2.5"])
@@ -323,21 +323,22 @@ def test_serve_runs_as_many_streams_as_fit_unless_told(monkeypatch):
     import edgespec.parallel
     import edgespec.server
     from edgespec import cli
-    from edgespec.cli import options
 
     opened = []
 
-    class Opened:  # what serve reads of a Parallel, its streams over fakes
-        def __init__(self, pair, *, streams, **settings):  # the CLI resolved the pair once (pair.Pair)
-            opened.append(streams)
-            self.engines = [Engine(Utf8Fake(), None, None) for _ in range(streams)]
-            self.draft_choice = dict(pair.choice)
+    class Opened:  # what serve reads of a Parallel: its streams, over fakes
+        def __init__(self, run):  # the CLI resolved the run once (run.Run)
+            self.engines = [Engine(Utf8Fake(), None, None) for _ in range(run.streams)]
+            self.draft_choice = dict(run.pair.choice)
 
         def close(self):
             pass
 
-    monkeypatch.setattr(edgespec.parallel, "Parallel", Opened)
-    monkeypatch.setattr(options, "load", lambda *args, **kwargs: opened.append(1) or Engine(Utf8Fake(), None, None))
+    def open_run(run):
+        opened.append(run.streams)
+        return Engine(Utf8Fake(), None, None) if run.streams == 1 else Opened(run)
+
+    monkeypatch.setattr(edgespec.parallel, "open_run", open_run)
     monkeypatch.setattr(edgespec.server, "serve", lambda engine, **options: None)
     for args, streams, why in ((["--draft", "none"], 4, "4 contexts of 2048 tokens"),
                                (["--draft", "ngram", "--ctx", "4096"], 2, "was trained for 8192 tokens"),

@@ -15,7 +15,7 @@ from test_server import NOTES, conversation_turns, serve  # noqa: E402 (after th
 
 from edgespec.cli import main  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 N = 16
 PROMPTS = ["Name three colors.", "Count to five.", "What is the capital of France?", "Say hello in Spanish.",

@@ -18,7 +18,7 @@ from edgespec.bench import read_prompts
 from edgespec.errors import EdgespecError
 from edgespec.parallel import Parallel
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 PROMPTS = [row["prompt"] for row in read_prompts(None)][::6][:6]
 

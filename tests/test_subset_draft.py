@@ -14,7 +14,7 @@ from edgespec.backends.llama.subset import SubsetDraft, read_subset, write_subse
 from edgespec.backends.model_info import read_model_info
 from edgespec.errors import EdgespecError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 PROMPT = "<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n<|im_start|>assistant\n"
 

@@ -10,7 +10,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("llguidance")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",

@@ -17,6 +17,7 @@ def distributions(n_vocab):
         lambda w: np.array(w) / sum(w))
 
 
+@pytest.mark.laws
 @settings(max_examples=300, deadline=None)
 @given(st.integers(2, 8).flatmap(lambda v: st.tuples(distributions(v), distributions(v))))
 def test_first_token_law_equals_target_analytically(pair):
@@ -80,6 +81,7 @@ TARGET = np.array([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.
 DRAFT = np.array([[0.1, 0.6, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("rule, exact", [(verify, True), (without_residual, False)])
 def test_monte_carlo_first_token_matches_target(rule, exact):
     draws = [first for first, _ in run_rule(rule, TARGET, DRAFT, 3, 20000, seed=7)]
@@ -88,6 +90,7 @@ def test_monte_carlo_first_token_matches_target(rule, exact):
     assert (p > ALPHA) == exact, p
 
 
+@pytest.mark.laws
 def test_monte_carlo_second_token_given_first_accepted():
     """When the round emits two tokens, the second follows the target's next row."""
     pairs = [pair for pair in run_rule(verify, TARGET, DRAFT, 3, 30000, seed=8) if pair[1] is not None]
@@ -130,6 +133,7 @@ def _forgetful(target, judged, left, m):
     return law
 
 
+@pytest.mark.laws
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 6).flatmap(lambda v: st.tuples(distributions(v), distributions(v))), st.integers(1, 4))
 def test_several_candidates_emit_the_target_law_analytically(pair, m):
@@ -160,6 +164,7 @@ def draw_distinct(law, m, rng):
     return np.array(out, dtype=np.int64)
 
 
+@pytest.mark.laws
 def test_several_candidates_monte_carlo():
     from edgespec.decode.verify import verify_candidates
 
@@ -225,6 +230,7 @@ def judged_with_replacement(target_row, draft_row, candidates, rng):
     return None, sample(law, rng)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("broken", [False, True])
 def test_a_draft_tree_emits_the_target_law_of_two_tokens(monkeypatch, broken):
     """Monte Carlo over the joint law of two tokens; judging distinct candidates by the full draft law (the

@@ -58,7 +58,7 @@ def greedy(backend, text: str, n: int) -> list[int]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_padded_vocabulary_is_the_original_and_placeholders(pair):
     original, padded = pair
     n = original.vocab.n_vocab
@@ -70,7 +70,7 @@ def test_the_padded_vocabulary_is_the_original_and_placeholders(pair):
     assert check_compatible(original.vocab, padded.vocab) == check_compatible(padded.vocab, original.vocab) == "padded"
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_padded_model_tokenizes_as_the_original(pair):
     original, padded = pair
     text = PROMPT + f"[PAD{original.vocab.n_vocab}]"  # a placeholder's name is text, never its id (unused, not control)
@@ -79,7 +79,7 @@ def test_the_padded_model_tokenizes_as_the_original(pair):
     assert padded.chat_template() == original.chat_template()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_padded_models_logits_are_the_originals_and_zero_on_the_padding(pair):
     original, padded = pair
     n = original.vocab.n_vocab
@@ -107,7 +107,7 @@ def test_a_source_that_is_no_gguf_is_refused(tmp_path):
     assert not (tmp_path / "p.gguf").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_permuted_vocabulary_is_the_originals_shuffled(permuted):
     original, copy, perm = permuted
     n = original.vocab.n_vocab
@@ -123,7 +123,7 @@ def test_the_permuted_vocabulary_is_the_originals_shuffled(permuted):
             check_compatible(target.vocab, draft.vocab)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_permuted_model_tokenizes_to_the_permuted_ids(permuted):
     original, copy, perm = permuted
     for special in (True, False):
@@ -132,7 +132,7 @@ def test_the_permuted_model_tokenizes_to_the_permuted_ids(permuted):
     assert copy.chat_template() == original.chat_template()
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_permuted_models_logits_are_the_originals_permuted(permuted):
     original, copy, perm = permuted
     ids = original.tokenize(PROMPT, special=True)
@@ -142,7 +142,7 @@ def test_the_permuted_models_logits_are_the_originals_permuted(permuted):
     np.testing.assert_allclose(got[:, perm], want, rtol=0, atol=1e-6)  # the copy's row perm[i] is row i; bit for bit
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_the_permuted_model_generates_the_originals_text(permuted):
     original, copy, perm = permuted
     want, got = greedy(original, PROMPT, 16), greedy(copy, PROMPT, 16)
@@ -150,7 +150,7 @@ def test_the_permuted_model_generates_the_originals_text(permuted):
     assert b"".join(copy.vocab.pieces[i] for i in got) == b"".join(original.vocab.pieces[i] for i in want)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_a_copy_with_tokens_dropped_tokenizes_into_the_tokens_it_kept(original, default_gguf, tmp_path):
     copy = load(permute_vocab(default_gguf, tmp_path / "dropped.gguf", seed=SEED, drop=DROP))
     try:

@@ -129,6 +129,7 @@ def pair(n_vocab):
     return WideChain(n_vocab, 1), WideChain(n_vocab, 2)
 
 
+@pytest.mark.laws
 @pytest.mark.parametrize("n_vocab, params, kind, broken", [
     (152064, SamplingParams(1.0), "model", False),
     (152064, SamplingParams(1.0), "model", True),

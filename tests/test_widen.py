@@ -11,7 +11,7 @@ from edgespec.errors import EdgespecError
 from edgespec.models.random_gguf import write_random_gguf
 from edgespec.models.widen import SHAPES, Width, widen_gguf
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 PROMPT = "<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n<|im_start|>assistant\n"
 TINY_WIDER = Width(128, 8, 2, 320)  # tiny is 64 wide, 4 heads of 16 sharing 2, feed-forward 128
 

@@ -99,9 +99,9 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
     fit; a roofline prediction of decode speed; and how many requests `serve` would decode at once (--parallel
     auto, each stream --ctx tokens, 2048 by default). Exits 1 when the models do not fit.
     """
-    from edgespec.api import plan_for
     from edgespec.pair import resolve_pair
     from edgespec.plan.report import format_plan, predict, to_dict
+    from edgespec.run import auto_streams, plan_for
 
     if pair:
         from edgespec.export.pair import read_manifest
@@ -112,8 +112,6 @@ def plan(pair, target, draft, device, budget, n_ctx, kv_type, profiles, threads,
     prediction = predict(result, acceptance)
     report = to_dict(result, prediction)
     if result.fits:  # what `edgespec serve` would run at once with these settings (--parallel auto)
-        from edgespec.parallel import auto_streams
-
         streams, why = auto_streams(resolved, n_ctx=n_ctx or 2048, device=device, budget=budget,
                                     kv_type=kv_type, profiles=profiles)
         report["serve_streams"] = {"streams": streams, "why": why}

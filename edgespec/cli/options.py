@@ -8,10 +8,11 @@ import math
 
 import click
 
-from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine, load
+from edgespec.api import DEFAULT_DRAFT, LONGEST_DRAFT, MAX_TREE_WIDTH, Engine
 from edgespec.decode.sampling import MIN_TEMPERATURE
 from edgespec.errors import EdgespecError
 from edgespec.pair import Pair, resolve_pair
+from edgespec.run import Run, resolve_run
 
 
 class Finite(click.FloatRange):
@@ -52,7 +53,7 @@ class Seed(click.IntRange):
 
 
 class Streams(click.IntRange):
-    """serve's --parallel: 'auto' (returned as None: auto_streams decides) or a number of streams."""
+    """serve's --parallel: 'auto' (returned as None: run.auto_streams decides) or a number of streams."""
 
     name = "auto|N"
 
@@ -133,21 +134,24 @@ def model_options(f):
                 resolved[key] = resolve_pair(target, key)
             return resolved[key]
 
-        def load_engine(other_draft=None, streams=1, **extra):
+        def run_of(other_draft=None, streams: int | None = 1, **extra) -> Run:
+            """The run of the target with the draft (another one bench compares) and `streams` (None: as many as
+            fit, serve's --parallel auto), resolved once (run.resolve_run). Another draft than the asked one
+            drafts chains where it cannot draft trees (bench --also ngram beside a tree-drafting model)."""
             pair = pair_of(other_draft)
-            if streams > 1:  # several generations at once on one llama.cpp context (edgespec/parallel.py)
-                from edgespec.parallel import Parallel
-
-                if tree_width > 1:
-                    raise EdgespecError("draft trees run one stream at a time: drop --tree-width or --parallel")
-                return Parallel(pair, streams=streams, n_ctx=n_ctx or 2048, threads=threads, gpu_layers=gpu_layers,
-                                device=device, budget=budget, kv_type=kv_type, profiles=profiles)
             chains = other_draft is not None and (not pair.draft.needs_memory or pair.draft.lookup_first)
-            width = 1 if chains else tree_width
-            return load(pair, n_ctx=n_ctx, threads=threads, provider=provider, device=device, budget=budget,
-                        kv_type=kv_type, profiles=profiles, tree_width=width, gpu_layers=gpu_layers, **extra)
+            return resolve_run(pair, streams=streams, n_ctx=n_ctx, threads=threads, provider=provider, device=device,
+                               budget=budget, kv_type=kv_type, profiles=profiles, gpu_layers=gpu_layers,
+                               tree_width=1 if chains else tree_width, **extra)
 
-        load_engine.pair = pair_of  # what a command reads before it loads (serve's streams, advise's drafts)
+        def load_engine(other_draft=None, streams: int | None = 1, **extra):
+            """The run of run_of(...) opened: an Engine, or a Parallel for several streams."""
+            from edgespec.parallel import open_run
+
+            return open_run(run_of(other_draft, streams, **extra))
+
+        load_engine.pair = pair_of  # what a command reads before it loads (advise's drafts)
+        load_engine.run = run_of  # serve's streams, resolved before it loads
         # what was asked for, for commands that need more than a loaded pair (advise: more drafts, a profile)
         load_engine.options = {"target": target, "draft": draft, "device": device, "profiles": profiles,
                                "threads": threads, "provider": provider, "budget": budget, "n_ctx": n_ctx,

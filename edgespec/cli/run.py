@@ -146,30 +146,22 @@ def serve(load_engine, host, port, api_key, default_max_tokens, max_queue, reque
         raise EdgespecError(f"the server needs its extra: pip install 'edgespec[serve]' ({e.name} is missing)") \
             from None
     from edgespec.backends.llama.states import PromptCache, prompt_cache_bytes
+    from edgespec.parallel import open_run
     from edgespec.units import mib_text
 
     target = load_engine.options["target"]
     onnx = target is not None and is_onnx(target)
     if prompt_cache != "auto":
         prompt_cache_bytes(prompt_cache)  # a size it cannot read, refused before loading
-    options = load_engine.options
-    chosen = ""  # why, where --parallel was left to auto
-    if parallel is not None:
-        streams = 1 if onnx else parallel
-    else:
-        from edgespec.parallel import auto_streams
-
-        streams, chosen = auto_streams(load_engine.pair(), n_ctx=options["n_ctx"] or 2048,
-                                       gpu_layers=options["gpu_layers"], device=options["device"],
-                                       budget=options["budget"], kv_type=options["kv_type"],
-                                       profiles=options["profiles"], tree_width=options["tree_width"])
+    # the run resolved once: --parallel auto's streams and why, the plan and settings its engines open with
+    run = load_engine.run(streams=1 if onnx and parallel is not None else parallel)
     status("loading models and measuring draft costs ...")
-    executor = loading_thread() if streams == 1 else None  # an Engine is served from the thread it loaded on
-    engine = executor.submit(load_engine).result() if executor else load_engine(streams=streams)
-    how = (f"; {streams} streams at once, their passes joined" if streams > 1 else "; one request at a time"
+    executor = loading_thread() if run.streams == 1 else None  # an Engine is served from the thread it loaded on
+    engine = executor.submit(open_run, run).result() if executor else open_run(run)
+    how = (f"; {run.streams} streams at once, their passes joined" if run.streams > 1 else "; one request at a time"
            + (" (an ONNX target: --parallel needs a GGUF one)" if onnx and (parallel or 1) > 1 else ""))
-    if chosen:
-        how += f" (--parallel auto: {chosen})"
+    if parallel is None:
+        how += f" (--parallel auto: {run.streams_why})"
     first = engine.engines[0]
     try:
         size = prompt_cache_bytes(prompt_cache, first.plan)

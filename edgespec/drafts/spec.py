@@ -31,6 +31,12 @@ class DraftSpec:
         return self.kind if self.kind in ("medusa", "eagle") else None
 
     @property
+    def family(self) -> str:
+        """What the planner and the simulator price: "none", "lookup", "model" or "heads" (EAGLE and Medusa); with
+        prompt lookup in front, the draft behind it (it is what holds memory and costs a step)."""
+        return "heads" if self.heads else self.kind
+
+    @property
     def inner(self) -> DraftSpec:
         """The draft behind prompt lookup (itself where there is no lookup in front)."""
         return replace(self, lookup_first=False)

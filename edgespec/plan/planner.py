@@ -78,7 +78,7 @@ class Plan:
     budget_note: str  # where capacity comes from
     models: tuple[ModelNeed, ...]
     runtime: int  # Python, libraries, GPU context, the loop's working arrays
-    drafter: str  # "model" | "heads" | "ngram" | "none"
+    drafter: str  # the draft's family (drafts/spec.DraftSpec.family): "model" | "heads" | "lookup" | "none"
     draft_window: int | None
     changes: tuple[str, ...] = ()  # what the planner changed from the preferred settings, and why
     suggestions: tuple[str, ...] = ()  # when it does not fit: changes that would
@@ -192,7 +192,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     n_ctx: fixed context (None: DEFAULT_CTX, halved while it does not fit). kv_type: fixed KV cache type
     (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (heads_bytes: what the
     heads hold, drafts.heads.medusa_bytes or drafts.eagle.eagle_bytes; None: a float32 copy of the target's
-    output layer, what Medusa heads without a token subset keep), "ngram", "none".
+    output layer, what Medusa heads without a token subset keep), "lookup", "none" (DraftSpec.family).
     """
     if kv_type is not None and kv_type not in KV_BLOCKS:
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
@@ -304,7 +304,7 @@ def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max, heads_by
             out.append(f"the target as {quant} (about {smaller.weight_bytes / MiB:.0f} MiB of weights: "
                        f"edgespec export {target.name} --to gguf --quant {quant} --out ...)")
             break
-    if draft is not None and fits(target, None, ctx, None, "ngram"):
+    if draft is not None and fits(target, None, ctx, None, "lookup"):
         out.append("no draft model (--draft ngram: prompt lookup needs no memory)")
     if not out:
         out.append("a device with more memory, or a smaller target model")
