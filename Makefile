@@ -36,9 +36,9 @@ $(STAMP):
 		$(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# the chat page's browser test drives the distribution's Chromium; where it cannot be installed (no apt, not
-	@# root, offline) the build goes on and tests/test_page.py skips, saying why
+	@# root, offline) the build goes on and tests/real/test_page.py skips, saying why
 	@command -v chromium >/dev/null 2>&1 || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
-		apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: tests/test_page.py will skip"
+		apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: tests/real/test_page.py will skip"
 	@# onnxruntime-gpu holds the same module with the CUDA provider: one of the two, the same version
 	@if [ "$(GPU)" = cuda ] && $(PY) -m pip show onnxruntime >/dev/null 2>&1; then \
 		v=$$($(PY) -m pip show onnxruntime | sed -n 's/^Version: //p'); \
@@ -52,12 +52,12 @@ chat: install
 test: install
 	$(VENV)/bin/python -m pytest
 
-# the fast tier (docs/testing.md): pure functions and the loop on fake backends, under a minute; then the laws
+# the tiers (docs/testing.md): tests/fast (pure functions, the loop on fakes: under a minute), tests/laws
 test-fast: install
-	$(VENV)/bin/python -m pytest -q -m "not real and not laws" --durations=5
+	$(VENV)/bin/python -m pytest -q tests/fast --durations=5
 
 test-laws: install
-	$(VENV)/bin/python -m pytest -q -m laws --durations=5
+	$(VENV)/bin/python -m pytest -q tests/laws --durations=5
 
 bench: install
 	$(VENV)/bin/edgespec bench

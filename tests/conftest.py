@@ -10,18 +10,33 @@ import pytest  # noqa: E402
 
 CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 
-# Tests come in three tiers (docs/testing.md): `real` ones run a real model, an export, torch or a server; `laws`
-# ones draw thousands of tokens through the exact rule to check a law (seconds each); the rest, pure functions and
-# the loop on fake backends, are the fast tier a developer runs while working (make test-fast). A test that asks for
-# one of these fixtures is `real` without saying so; other tests carry their tier's mark themselves.
+# Tests come in three tiers, a folder each (docs/testing.md): fast/ (pure functions and the loop on fake backends: make
+# test-fast, under a minute), laws/ (the exact rule drawn thousands of times a test against the target's law, each
+# beside a broken rule it must catch) and real/ (real models, exports, torch, servers). A test is marked with its
+# folder's tier, so `-m laws` or `-m "not real"` select across folders. The helpers every tier shares (fake.py,
+# stats_util.py) stay here, and each tier's modules can import the others' helpers by name.
+TESTS = Path(__file__).parent
+TIERS = ("fast", "laws", "real")
+sys.path[1:1] = [str(TESTS / tier) for tier in TIERS]
+# the fixtures that build or open real models: a test outside real/ that asks for one is in the wrong folder
 REAL_FIXTURES = frozenset({"default_gguf", "q4_0_gguf", "padded_gguf", "padded_q4_0_gguf", "retokenized_q4_0_gguf",
                            "smollm2_checkpoint", "reference_pair", "tiny_checkpoint", "default_corpus", "subset_gguf"})
 
 
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        if item.get_closest_marker("real") is None and REAL_FIXTURES.intersection(item.fixturenames):
-            item.add_marker(pytest.mark.real)
+        tier = item.path.parent.name
+        if tier not in TIERS:
+            misplaced.append(f"{item.nodeid}: not in a tier's folder (tests/{{{','.join(TIERS)}}}/)")
+            continue
+        if tier != "fast":
+            item.add_marker(getattr(pytest.mark, tier))
+        real = sorted(REAL_FIXTURES.intersection(item.fixturenames))
+        if real and tier != "real":
+            misplaced.append(f"{item.nodeid}: asks for {', '.join(real)}, a real model: it belongs in tests/real/")
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(misplaced))
 
 
 @pytest.fixture(scope="session")

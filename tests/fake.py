@@ -1,14 +1,21 @@
 """A table-driven fake backend: next-token logits depend only on the last token (a Markov chain).
 
 Small enough that exact target distributions over a few tokens can be written down, and it records
-every forward call so tests can check what the loop asked for.
+every forward call so tests can check what the loop asked for. Beside it, the loop run over fakes (controller,
+run, tokens_of) and a lookup drafter that counts its sources' rounds.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from edgespec.backends.protocol import Backend, Vocab
+from edgespec.decode.cost import DraftController
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import SamplingParams
+from edgespec.drafts.base import LookupFirstDrafter
 
 EOS = 0
 
@@ -76,3 +83,34 @@ def deterministic_table(next_token: dict[int, int], n_vocab: int) -> np.ndarray:
     for a in range(n_vocab):
         table[a, next_token.get(a, 1)] = 30.0
     return table
+
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def controller(k_max=4):
+    return DraftController({n: 1.0 for n in range(1, 17)}, draft_cost=0.01, k_max=k_max)
+
+
+def run(target, drafter, prompt, *, max_tokens=20, draft_max=None, params=GREEDY, seed=0, stop=()):
+    stats = Stats()
+    events = list(speculate(target, drafter, controller(), prompt, params, np.random.default_rng(seed),
+                            max_tokens=max_tokens, stop=stop, draft_max=draft_max, stats=stats))
+    return events, stats
+
+
+def tokens_of(events):
+    return [e.token for e in events if e.token is not None]
+
+
+class Sources(LookupFirstDrafter):
+    """A LookupFirstDrafter that counts the rounds each source drafted."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds = Counter()
+
+    def propose(self, context, k, params, rng, **options):
+        tokens, probs = super().propose(context, k, params, rng, **options)
+        self.rounds["lookup" if self.last_free else "inner"] += bool(tokens)
+        return tokens, probs

@@ -1,11 +1,21 @@
-"""Shared statistics for the exactness tests: fixed significance level, chi-square helpers."""
+"""The statistics of the exactness tests, in one place: the significance level, the chi-square tests, the exact
+law of a fake target's chain and the harness that checks the loop's draws against it, and the broken rules each
+law test must catch (its wrong-rule twins)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
+from fake import controller, tokens_of
 from scipy import stats
+
+from edgespec.decode import rule as rule_module
+from edgespec.decode.gate import DraftGate
+from edgespec.decode.loop import Stats, speculate
+from edgespec.decode.sampling import sample
+from edgespec.decode.verify import acceptance_prob, residual
 
 ALPHA = 1e-3  # a correct rule fails a test at this rate; a wrong one fails it almost surely
 
@@ -39,3 +49,110 @@ def two_sample(a: list, b: list) -> float:
     if len(table) < 2:
         return 1.0
     return float(stats.chi2_contingency(np.array(table)).pvalue)
+
+
+def without_residual(target_probs, draft_probs, draft_tokens, rng):
+    """A wrong rule: on rejection, resample from the target instead of the residual."""
+    for i, token in enumerate(draft_tokens):
+        if rng.random() >= acceptance_prob(target_probs[i], draft_probs[i], token):
+            return i, sample(target_probs[i], rng)
+    return len(draft_tokens), sample(target_probs[-1], rng)
+
+
+def target_instead_of_residual(target, draft, token, n_vocab):
+    """The same wrong rule on laws (decode/rule.residual's place): after a rejection, the target's own law."""
+    return target
+
+
+def judged_with_replacement(target_row, draft_row, candidates, rng):
+    """A wrong rule for distinct candidates: the rule for i.i.d. ones, which judges every candidate by the full
+    draft law. The tree tests patch it in for verify_candidates to show they catch it."""
+    law = target_row
+    for j, token in enumerate(candidates):
+        if rng.random() < acceptance_prob(law, draft_row, token):
+            return j, int(token)
+        law = residual(law, draft_row)
+    return None, sample(law, rng)
+
+
+def markov_law(table, params, start, n):
+    """Exact law of the next n tokens of the target chain after `start` (EOS made impossible)."""
+    from edgespec.decode.sampling import to_probs
+
+    probs = to_probs(table, params)
+    law = {}
+    for seq in itertools.product(range(1, table.shape[0]), repeat=n):
+        p, last = 1.0, start
+        for tok in seq:
+            p, last = p * probs[last, tok], tok
+        law[seq] = p
+    return law
+
+
+class RandomGate(DraftGate):
+    """Keeps a drawn token with probability 0.6 and takes another step with 0.7, by its own generator: a
+    stopping rule blind to the draws, under which the output law must stay the target's."""
+
+    def __init__(self, controller, rng):
+        super().__init__(controller)
+        self.rng = rng
+
+    def keep(self, confidence):
+        kept = self.rng.random() < 0.6
+        if kept:
+            self.confidences.append(confidence)
+        return kept
+
+    def go_on(self):
+        return self.rng.random() < 0.7
+
+
+def random_gates(seed=0):
+    """A gate factory for check_target_law: RandomGates drawing from one generator."""
+    rng = np.random.default_rng(seed)
+    return lambda controller: RandomGate(controller, rng)
+
+
+def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000,
+                     gate=None, caught=None, draft_max=3):
+    """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
+    joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
+    without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
+    candidates). gate(controller) -> a DraftGate: chains drafted under it, as far as it lets them (it must
+    have both kept tokens and ended chains, many times). caught: whether the test must fail (default: broken),
+    for a drafter broken on purpose. draft_max: the rounds' fixed length without a gate (None: the controller's
+    choice; for trees, the shapes it plans). Returns the tokens the rounds drafted (tree nodes for trees)."""
+    from edgespec.decode import verify as verify_module
+
+    if broken and width == 1:
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    elif broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    draws, drafted, verdicts = [], 0, Counter()  # verdicts: the gate's, keep (True) or end the chain
+
+    def counted_gate(ctl):
+        g = gate(ctl)
+        keep = g.keep
+
+        def counted(confidence):
+            verdict = keep(confidence)
+            verdicts[verdict] += 1
+            return verdict
+
+        g.keep = counted
+        return g
+
+    for seed in range(runs):
+        stats = Stats()
+        ctl = controller()
+        if gate is not None:
+            ctl.gate = lambda ctl=ctl: counted_gate(ctl)
+        events = speculate(target, drafter, ctl, [1], params, np.random.default_rng(seed), max_tokens=n_tokens,
+                           draft_max=None if gate is not None else draft_max, stats=stats, tree_width=width)
+        draws.append(tuple(tokens_of(list(events))))
+        drafted += stats.tree_nodes if width > 1 else stats.drafted
+    p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
+    assert (p < ALPHA) == (broken if caught is None else caught), p
+    if gate is not None:
+        assert min(verdicts[True], verdicts[False]) > runs // 10, verdicts
+    return drafted

@@ -1,6 +1,6 @@
 /* Passes over one row of a 152k vocabulary that numpy can only make as several (a mask, a cast, a multiply, a
  * nonzero), each reading the row again. decode/rows.py is the only caller and holds the numpy equivalent that
- * runs where this module was not built; tests/test_rows.py checks the two agree.
+ * runs where this module was not built; tests/fast/test_rows.py checks the two agree.
  *
  * Top-p's band, in both passes that make it (`split` over given weights, `weights` computing them, _weights.c):
  * w is zeroed below lo (never kept once the cut is in [lo, hi]), sums[b] receives the weight of block b's

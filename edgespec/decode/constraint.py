@@ -7,7 +7,7 @@ and renormalises the draft's rows the same way. A grammar-aware drafter draws fr
 distribution, so it proposes only valid tokens and acceptance holds up on structured output; any other
 drafter's proposal is cut at its first forbidden token (which the constrained target would reject for
 certain), and the tokens before it were drawn from the masked distribution given that they are valid:
-the rule stays exact either way (tests/test_constraint.py checks both against the exact law).
+the rule stays exact either way (tests/laws/test_constraint.py checks both against the exact law).
 
 A constraint is a small protocol (allowed / consume / rollback) with one implementation on llguidance,
 whose matcher computes a token mask in microseconds and rolls back, as speculation needs.

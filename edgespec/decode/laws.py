@@ -14,7 +14,7 @@ reads it, into a Law:
 - a deterministic draft (prompt lookup) has no law at all: its token has probability 1.
 
 The residual max(0, p - q) is built only at a rejection, over p's support. Every function here gives the
-reference's token for the same uniforms, up to float rounding at a CDF boundary (tests/test_laws.py checks it
+reference's token for the same uniforms, up to float rounding at a CDF boundary (tests/fast/test_laws.py checks it
 on random rows), so the guarantee is the one sampling.py states, about the same processed distribution.
 """
 

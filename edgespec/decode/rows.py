@@ -6,7 +6,7 @@ each step as one or more passes (a multiply, an exp, a mask, a cast, block sums,
 module _rows (built with the package where a compiler is present) makes them as one: on x86-64 with AVX2 and FMA
 (`wide`), the weights, their block sums and top-p's band in a single pass. Both give the same results to float
 rounding (exp within 2 ulp); the numpy passes run where _rows was not built, or for rows that are not
-contiguous float32 (tests/test_rows.py compares them). Rows hold no NaN (laws.law refuses them).
+contiguous float32 (tests/fast/test_rows.py compares them). Rows hold no NaN (laws.law refuses them).
 
 Top-p's band, whichever pass makes it (`band`): for a band of logits [lo, hi] that should hold the cut, w is
 zeroed below lo (never kept if the cut lies in the band), `sums` [ceil(V / BLOCK)] holds each block's weight above

@@ -126,7 +126,7 @@ def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
 def compute_bytes(info: ModelInfo, n_ctx: int, n_ubatch: int) -> int:
     """llama.cpp's compute buffer: activations of a ubatch plus its f16 attention mask, or, for small
     ubatches, the graph of one decode step with MAX_OUTPUTS logits rows. Fitted to the sizes llama.cpp
-    logs ("compute buffer size") for three models of different shapes (tests/test_planner.py holds the default
+    logs ("compute buffer size") for three models of different shapes (tests/real/test_planner.py holds the default
     model to 0.5 MiB of the log) with an f16 KV cache;
     a quantized one (flash attention) needs up to 1.1 MiB less, which this does not subtract."""
     per_token = max(4 * info.n_embd + 3 * info.n_ff, 5 * info.n_embd) * 4

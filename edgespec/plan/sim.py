@@ -1,6 +1,6 @@
 """A simulated device: backends whose passes cost what a device's table says, on a virtual clock, and whose
 logits follow a script, so the draft-length controller can be judged on any device's costs at a set acceptance,
-deterministically and in milliseconds of real time (tests/test_controller_sim.py, benchmarks/controller_sim.py).
+deterministically and in milliseconds of real time (tests/fast/test_controller_sim.py, benchmarks/controller_sim.py).
 
 The text is written in advance: the target's row at position i puts its mass on script[i + 1], so greedy
 decoding emits the script whatever is drafted, and only the time it takes depends on the drafts. A draft (a

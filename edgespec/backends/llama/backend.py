@@ -322,7 +322,7 @@ class LlamaBackend(LlamaHandles, Backend):
         token is prefilled in a pass of its own, then every pass has one row per stream. (It computes passes of 64
         rows or more with other kernels: mixing prefills into decoding passes moved a quantized model's logits by
         up to 0.75 and flipped greedy answers.) What remains is rounding: streams share the cache's cells, so
-        attention sums in another order, and a near-tie may flip (tests/test_distill.py measures it).
+        attention sums in another order, and a near-tie may flip (tests/real/test_distill.py measures it).
 
         Each stream is a sequence of its own in the unified cache, sharing its n_ctx cells: fewer streams run
         where `streams` of the longest prompt with max_tokens would not fit. The cache is empty before and after."""
