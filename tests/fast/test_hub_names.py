@@ -1,12 +1,9 @@
 """Hub names: how org/repo[:QUANT][@REVISION] reads, and what is refused, without a download."""
 
-import json
 import re
 
 import pytest
-from click.testing import CliRunner
 
-from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.models import draft_search, hub
 
@@ -108,9 +105,3 @@ def test_the_coder_draft_is_named_by_its_file_in_a_repository_of_two_q4_k_m():
     assert hub.pick(files, quant, repo_id).first == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     with pytest.raises(EdgespecError, match="2 GGUF models of Q4_K_M"):
         hub.pick(files, "Q4_K_M", repo_id)
-
-
-def test_models_on_an_empty_cache(cache):
-    result = CliRunner().invoke(main, ["models"])
-    assert result.exit_code == 0 and "no GGUF models cached" in result.output
-    assert json.loads(CliRunner().invoke(main, ["models", "--json"]).stdout)["models"] == []

@@ -351,3 +351,9 @@ def test_a_split_model_is_planned_whole(cache, ggufs):
     second = hub.resolve_gguf("test-org/Split-GGUF").with_name(names[1])
     with pytest.raises(EdgespecError, match="give its first part"):
         read_model_info(second)
+
+
+def test_models_on_an_empty_cache(cache):
+    result = CliRunner().invoke(main, ["models"])
+    assert result.exit_code == 0 and "no GGUF models cached" in result.output
+    assert json.loads(CliRunner().invoke(main, ["models", "--json"]).stdout)["models"] == []
