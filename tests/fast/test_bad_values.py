@@ -80,6 +80,9 @@ def refused(args, work, words):
     (["plan", "--acceptance", "nan"], "nan is not a finite number"),
     (["serve", "--request-timeout", "nan"], "nan is not a finite number"),
     (["serve", "--prompt-cache", "lots"], "cannot read the prompt cache size"),
+    (["serve", "--parallel", "0"], "0 is neither auto nor a number of streams from 1 to 16"),
+    (["serve", "--parallel", "abc"], "abc is neither auto nor a number of streams from 1 to 16"),
+    (["serve", "--parallel", "17"], "17 is neither auto nor a number of streams from 1 to 16"),
 ])
 def test_a_bad_value_is_refused_before_loading(args, words, work):
     refused(args, work, words)

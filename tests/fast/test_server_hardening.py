@@ -173,6 +173,32 @@ def test_a_lone_surrogate_is_a_400_naming_the_field_and_never_reaches_the_engine
     assert backend.calls == []
 
 
+USER = [{"role": "user", "content": "ab"}]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": USER, "top_p": 0.0}, "top_p"),
+    ("/v1/chat/completions", {"messages": USER, "top_p": 1.5}, "top_p"),
+    ("/v1/chat/completions", {"messages": USER, "min_p": 1.0}, "min_p"),
+    ("/v1/chat/completions", {"messages": USER, "top_k": -1}, "top_k"),
+    ("/v1/chat/completions", {"messages": USER, "draft_max": 16}, "draft_max"),
+    ("/v1/chat/completions", {"messages": USER, "temperature": -0.5}, "temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "ab"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "tool", "content": "4"}]}, "messages.1"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 0}, "max_tokens"),
+])
+def test_a_value_out_of_its_range_is_a_400_naming_its_field_and_never_reaches_the_engine(path, body, param):
+    """The sampling fields' ranges (a top_p of 0 keeps nothing, a min_p of 1 only ties with the top), a draft
+    longer than one verify pass checks, a role or a tool message a chat template cannot place, an empty prompt."""
+    backend = Utf8Fake()
+    with served(backend) as (http, _):
+        error = assert_openai_error(http.post(path, json={"model": "any", "max_tokens": 2, **body}), 400)
+        assert error["param"] == param, error
+    assert backend.calls == []
+
+
 def test_a_surrogate_pair_is_text_and_is_served():
     with served(Utf8Fake()) as (http, client):
         r = http.post("/v1/chat/completions", content='{"messages": [{"role": "user", "content": "ab\\ud83d\\ude00"}],'
