@@ -36,9 +36,9 @@ $(STAMP):
 		$(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# the chat page's browser test drives the distribution's Chromium; where it cannot be installed (no apt, not
-	@# root, offline) the build goes on and tests/real/test_page.py skips, saying why
+	@# root, offline) the build goes on and tests/real/test_page.py skips, saying why (under CI=true it fails)
 	@command -v chromium >/dev/null 2>&1 || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
-		apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: tests/real/test_page.py will skip"
+		apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: tests/real/test_page.py will skip (fail under CI)"
 	@# onnxruntime-gpu holds the same module with the CUDA provider: one of the two, the same version
 	@if [ "$(GPU)" = cuda ] && $(PY) -m pip show onnxruntime >/dev/null 2>&1; then \
 		v=$$($(PY) -m pip show onnxruntime | sed -n 's/^Version: //p'); \

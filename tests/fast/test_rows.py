@@ -2,8 +2,11 @@
 (decode/rows.py), and the fast rule on every path a machine may take: one AVX2 pass, the SSE2 band over numpy's
 weights, numpy alone (where the C module was not built)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from conftest import ON_CI
 from test_laws import dense_of
 
 from edgespec.decode import laws, rows
@@ -102,6 +105,26 @@ def test_extent_and_ids_below_are_numpys(n_vocab, portable):
     row = np.array([0.5, 1.0, 1.0000001, -np.inf], dtype=np.float32)
     for bound in (1.0, 1.00000005, 1.00000015, -np.inf, np.inf):  # compared in float32, as numpy compares
         np.testing.assert_array_equal(rows.below(row, bound), np.flatnonzero(row < bound))
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_the_c_passes_are_the_ones_loaded_and_avx2_where_the_cpu_has_it():
+    """The production path for rows of 49k-262k ids is the C module. A build that fell back to numpy (no compiler,
+    no Python headers) fails here under CI instead of leaving every C test skipped; a CPU with AVX2 and FMA runs
+    the AVX2 pass."""
+    if rows._rows is None:
+        reason = "edgespec.decode._rows was not built: the rows run in numpy (make install needs a C compiler)"
+        (pytest.fail if ON_CI else pytest.skip)(reason)
+    if {"avx2", "fma"} <= cpu_flags():
+        assert rows._rows.WIDE and rows.kind() == "avx2"
+    else:
+        assert rows.kind() in ("sse2", "c")
 
 
 def test_kind_names_the_path_the_passes_take(monkeypatch):
