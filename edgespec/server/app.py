@@ -44,8 +44,10 @@ from edgespec.server.errors import (
     KeyRefusedError,
     RequestTimeoutError,
     add_error_handlers,
+    documented,
     error,
     failure,
+    openapi_as_served,
     queue_full,
 )
 from edgespec.server.limits import Admission, CountResponses, Metrics
@@ -162,6 +164,13 @@ def loading_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-slot")
 
 
+# what the generating routes answer: the completion as JSON, or with "stream": true its chunks as server-sent events;
+# the refusals, each in OpenAI's error shape
+GENERATING = {200: {"description": "the completion (JSON), or its chunks as server-sent events with \"stream\": true",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+              **documented(400, 401, 429, 500, 504)}
+
+
 def create_app(engine: Served, *, api_key: str | None = None, model_id: str | None = None,
                default_max_tokens: int = 256, max_queue: int = 16, request_timeout: float | None = 600.0,
                executor: ThreadPoolExecutor | None = None, prompt_cache: PromptCache | None = None) -> FastAPI:
@@ -188,6 +197,7 @@ def create_app(engine: Served, *, api_key: str | None = None, model_id: str | No
     app = FastAPI(title="edgespec", description="OpenAI-compatible speculative decoding server")
     app.add_middleware(CountResponses, metrics=metrics)
     add_error_handlers(app)
+    openapi_as_served(app)
     add_page(app, api_key_required=api_key is not None)
 
     def authorize(request: Request):
@@ -204,22 +214,22 @@ def create_app(engine: Served, *, api_key: str | None = None, model_id: str | No
                 "last_finish_reason": last["finish_reason"],
                 "prompt_cache": prompt_cache.stats() if prompt_cache is not None else None}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         return PlainTextResponse(metrics.text(admission.waiting, admission.in_flight, max_queue, admission.slots,
                                               prompt_cache.stats() if prompt_cache is not None else None),
                                  media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    @app.get("/v1/models", dependencies=[Depends(authorize)], responses=documented(401))
     async def models():
         return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "edgespec"}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)], responses=GENERATING)
     async def chat(body: ChatRequest, request: Request):
         messages = [m.to_dict() for m in body.messages]
         return await complete(request, body, messages, chat=True)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/completions", dependencies=[Depends(authorize)], responses=GENERATING)
     async def completions(body: CompletionRequest, request: Request):
         return await complete(request, body, body.prompt, chat=False)
 

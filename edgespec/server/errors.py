@@ -12,10 +12,56 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 from edgespec.errors import EdgespecError
+
+
+class ErrorDetail(BaseModel):
+    message: str  # what went wrong and what to do
+    type: str  # invalid_request_error, rate_limit_error, timeout_error, server_error
+    param: str | None = None  # the field at fault, as a dotted path (messages.1.role)
+    code: str | None = None  # invalid_api_key, queue_full, request_timeout, unknown_url
+
+
+class ErrorBody(BaseModel):
+    """Every refusal's body, in OpenAI's shape."""
+    error: ErrorDetail
+
+
+WHY = {400: "the request cannot be served: invalid JSON or Unicode, a value out of its range, an unsupported "
+            "option, a prompt longer than the context",
+       401: "a missing or wrong API key (when the server requires one)",
+       429: "the request queue is full (Retry-After says when to retry)",
+       500: "a failure of the server's",
+       504: "the request took longer than the server's time limit, waiting included"}
+
+
+def documented(*statuses: int) -> dict:
+    """The OpenAPI `responses` of a route for these statuses: each in OpenAI's error shape, as sent here."""
+    return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+def openapi_as_served(app: FastAPI) -> None:
+    """The app's OpenAPI schema says what the server does: FastAPI documents a 422 for every route with a body,
+    but a body that fails validation gets a 400 in OpenAI's shape (add_error_handlers); its 422 and the schemas
+    only it uses are dropped."""
+    generate = app.openapi
+
+    def schema() -> dict:
+        if app.openapi_schema is None:
+            spec = generate()
+            for operations in spec["paths"].values():
+                for operation in operations.values():
+                    operation["responses"].pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                spec.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = schema
 
 
 class KeyRefusedError(Exception):

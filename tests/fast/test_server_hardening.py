@@ -199,6 +199,35 @@ def test_a_value_out_of_its_range_is_a_400_naming_its_field_and_never_reaches_th
     assert backend.calls == []
 
 
+def test_the_openapi_schema_says_what_the_server_answers():
+    """Clients generated from /openapi.json get the statuses and content types the server sends: a refused body is
+    a 400 in OpenAI's error shape (no 422, which FastAPI documents by default and the server never sends), a
+    streamed completion is text/event-stream, /metrics is text; the refusals sent validate against the schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    with served(Utf8Fake(), api_key="k") as (http, _):
+        spec = http.get("/openapi.json").json()
+        statuses = {path: {method: set(op["responses"]) for method, op in ops.items()}
+                    for path, ops in spec["paths"].items()}
+        assert statuses == {"/health": {"get": {"200"}}, "/metrics": {"get": {"200"}},
+                            "/v1/models": {"get": {"200", "401"}},
+                            "/v1/chat/completions": {"post": {"200", "400", "401", "429", "500", "504"}},
+                            "/v1/completions": {"post": {"200", "400", "401", "429", "500", "504"}}}
+        chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
+        assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
+        assert set(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+        error_schema = {**chat["400"]["content"]["application/json"]["schema"],
+                        "components": spec["components"]}
+        key = {"Authorization": "Bearer k"}
+        for r in (http.post("/v1/chat/completions", json={"messages": []}, headers=key),
+                  http.post("/v1/completions", json={"prompt": "ab"}),  # no key
+                  http.post("/v1/completions", content=b"{", headers=key)):
+            assert r.status_code in (400, 401) and r.headers["content-type"] == "application/json"
+            jsonschema.validate(r.json(), error_schema)
+        streamed = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "stream": True},
+                             headers=key)
+        assert streamed.headers["content-type"].split(";")[0] in chat["200"]["content"]
+
+
 def test_a_surrogate_pair_is_text_and_is_served():
     with served(Utf8Fake()) as (http, client):
         r = http.post("/v1/chat/completions", content='{"messages": [{"role": "user", "content": "ab\\ud83d\\ude00"}],'
