@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from edgespec.decode.gate import DraftGate
 from edgespec.decode.shape import TreePlanner
+from edgespec.decode.step_fit import StepFit
 
 EMA = 0.2  # weight of a new timing in the running cost per pass length
 DECAY = 0.97  # per observed round: acceptance evidence older than ~30 rounds fades
@@ -42,8 +43,6 @@ BIN_PRIOR = 2.0  # pseudo-tokens behind each bin's prior, acceptance = the bin's
 BIN_DECAY = 0.99  # per token observed in a bin
 EXPLORE_EVIDENCE = 4.0  # tokens judged in a confidence bin before the gate may drop a round's first token there
 STREAK_PRIOR = 4.0  # pseudo-tokens behind the acceptance after a kept or a rejected guess, at alpha
-COST_DECAY = 0.95  # per drafting round: the draft's timings older than ~20 rounds fade from its cost fit
-COST_PRIOR = 0.25  # pseudo-rounds behind the cost's start (0) and step (as measured at load) in that fit
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -51,43 +50,6 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-@dataclass
-class StepFit:
-    """A drafting round's cost as `start + steps * step`, fitted to the rounds seen: least squares over sums decayed
-    by COST_DECAY a round, drawn towards `prior` (start, step as timed at load) by COST_PRIOR pseudo-rounds, so rounds
-    that all take the same steps still give both. Neither part is negative."""
-
-    prior: tuple[float, float]
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed (1, s, s^2, d, s * d): s steps, d seconds
-
-    def add(self, steps: int, seconds: float) -> tuple[float, float]:
-        """One drafting round of `steps` steps taking `seconds`: the (start, step) fitted now."""
-        for i, x in enumerate((1.0, steps, steps * steps, seconds, steps * seconds)):
-            self.sums[i] = COST_DECAY * self.sums[i] + x
-        return self.solve()
-
-    def fade(self, keep: float) -> tuple[float, float] | None:
-        """The rounds seen keep `keep` of their weight, the prior the rest: the (start, step) fitted now (None
-        where no round was seen: the prior stands)."""
-        if not self.sums[0]:
-            return None
-        self.sums = [keep * x for x in self.sums]
-        return self.solve()
-
-    def solve(self) -> tuple[float, float]:
-        n, s, ss, d, sd = self.sums
-        start0, step0 = self.prior
-        a11, a12, a22 = n + COST_PRIOR, s, ss + COST_PRIOR
-        r1, r2 = d + COST_PRIOR * start0, sd + COST_PRIOR * step0
-        det = a11 * a22 - a12 * a12  # > 0: n * ss >= s * s, and the prior adds to both
-        start, step = (a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
-        if start < 0:  # neither part can be negative: fit the other alone
-            return 0.0, r2 / a22
-        if step < 0:
-            return r1 / a11, 0.0
-        return start, step
 
 
 @dataclass
