@@ -167,7 +167,7 @@ def test_plenty_of_memory_changes_nothing(default_info, f32_info, q4_0_info):
     alone = make_plan(default_info, None, BIG, drafter="lookup")
     assert alone.fits and alone.changes == () and alone.suggestions == () and alone.draft is None
     t = alone.target
-    assert (t.n_ctx, t.kv_type, t.n_ubatch, t.n_gpu_layers, alone.drafter) == (2048, "f16", 512, 0, "ngram")
+    assert (t.n_ctx, t.kv_type, t.n_ubatch, t.n_gpu_layers, alone.drafter) == (2048, "f16", 512, 0, "lookup")
     assert t.weights == default_info.weight_bytes and t.repacked == 0  # Q4_1 is not repacked
     assert t.kv_cache == 45 * MiB and t.compute == compute_bytes(default_info, 2048, 512)
     assert alone.total == t.total + alone.runtime and alone.used == alone.total
