@@ -68,7 +68,7 @@ class Parallel:
                  profiles: str | os.PathLike | None = None):
         run = resolve_run(target, draft, streams=streams, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers,
                           k_max=k_max, device=device, budget=budget, kv_type=kv_type, profiles=profiles)
-        self.run, self.plan, self.draft_choice = run, run.plan, dict(run.pair.choice)
+        self.run = run
         spec, streams, n_ctx, k_max = run.pair.draft, run.streams, run.n_ctx, run.k_max
         self._own_pass = spec.kind == "lookup" and not run.one_pool  # a draft's rows: a pass of their own
         self.streams = streams
@@ -104,8 +104,8 @@ class Parallel:
             first = controller_for(self.target.stream(0), drafters[0], draft_streams[0], costs, draft_cost, k_max,
                                    learn_costs=False)
             self.engines: list[Engine] = [
-                Engine(self.target.stream(i), drafter, copy.deepcopy(first), draft_streams[i], self.plan,
-                       draft_choice=self.draft_choice) for i, drafter in enumerate(drafters)]
+                Engine(self.target.stream(i), drafter, copy.deepcopy(first), draft_streams[i], run.plan,
+                       draft_choice=dict(run.pair.choice)) for i, drafter in enumerate(drafters)]
         except BaseException:
             self.close()
             raise
@@ -114,6 +114,16 @@ class Parallel:
     def name(self) -> str:
         """The target's name (its file's)."""
         return self.target.backend.name
+
+    @property
+    def plan(self):
+        """The memory plan the streams were loaded with (None where no device or budget asked): the Run's."""
+        return self.run.plan
+
+    @property
+    def draft_choice(self) -> dict:
+        """What "auto" chose and why, or the draft asked for: the Run's."""
+        return dict(self.run.pair.choice)
 
     @property
     def draft_name(self) -> str:
