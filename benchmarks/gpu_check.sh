@@ -6,9 +6,9 @@
 # beside a breakdown of a token's time (benchmarks/decode_overhead.py), edgespec target-only and llama-cpp-python's
 # generate; then, on the last target, where models load without being told (GPU by default), the pass costs the
 # controller plans from, and edgespec bench with a draft model and with prompt lookup left to the controller.
-# MODELS="shape vocab" pairs pick the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
-# generate, LOOP=0 the rows-only loop benchmark, BENCH=0 edgespec bench with each draft, TRACE=0 the controller's
-# trace, DECODE=0 the breakdown of a token's time, BASICS=0 the default-placement generate and the pass costs,
+# MODELS="shape vocab,..." picks the targets; DRAFT="shape vocab" the draft model; VS=0 skips llama-cpp-python's
+# generate, LOOP=0 the rows-only loop benchmark, BENCH=0 edgespec bench with each draft, DECLINED=0 the declined
+# draft's cost, TRACE=0 the controller's trace, DECODE=0 the breakdown of a token's time, BASICS=0 the default-placement generate and the pass costs,
 # STREAMS=0 several requests at once (1 vs 4 streams on one context, experiments/streams_throughput.py; 4 streams
 # drafting fixed lengths, experiments/streams_draft.py: what joined draft steps cost there), SERVE=1 (off by
 # default: it builds llama-server too) issue 45's criterion, edgespec serve --parallel N against llama-server -np N at
@@ -65,7 +65,8 @@ for first in "numpy, llama_cpp" "llama_cpp, numpy"; do
   echo "import $first: exit status $?" >>"$OUT/numpy-first.txt"
 done
 model=
-for spec in ${MODELS:-"1.5b 152064"}; do
+IFS=, read -ra specs <<<"${MODELS:-1.5b 152064}"  # MODELS="8b 49152,3b 152064"
+for spec in "${specs[@]}"; do
   read -r shape vocab <<<"$spec"
   rm -f "$model"
   model=/tmp/random-$shape-$vocab.gguf
@@ -86,7 +87,7 @@ done
 printf '%s\n' 'import llama_cpp, sys' 'from edgespec.cli import main' 'sys.exit(main())' >/tmp/edgespec-cli.py
 printf '%s\n' 'import llama_cpp, runpy, sys' 'sys.argv = sys.argv[1:]' 'runpy.run_path(sys.argv[0], run_name="__main__")' \
   >/tmp/llama-first.py
-for t in 0 1; do
+for t in $([ "${DECLINED:-1}" = 1 ] && echo 0 1); do
   step 100 "$OUT/declined-t$t.txt" "a declined draft model and prompt lookup beside target-only, t=$t" \
     python3 /tmp/llama-first.py experiments/declined_draft.py --target "$model" --draft "$draft" -t $t \
     --gpu-layers 99 --threads 8 --reps 3 --raw 100
@@ -97,7 +98,7 @@ done
 cat >/tmp/pass-costs.py <<'PY'
 import llama_cpp  # noqa: F401 (before numpy)
 import json, sys
-from edgespec.decode.cost import measure_pass_costs
+from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.backends.llama.backend import LlamaBackend
 out = {}
 for role, path in (("target", sys.argv[1]), ("draft", sys.argv[2])):

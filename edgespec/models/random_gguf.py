@@ -8,7 +8,7 @@ control tokens, as Llama 3 and Qwen 2.5 pad theirs. Weights are written tensor b
 so a 3B f16 file (6 GB) is written at disk speed in bounded memory; q8_0 and q4_0 come from llama.cpp's
 quantizer on the f16 file.
 
-usage: python -m edgespec.models.random_gguf OUT.gguf [--shape 135m|1.5b|3b|tiny] [--vocab 152064]
+usage: python -m edgespec.models.random_gguf OUT.gguf [--shape 135m|1.5b|3b|8b|tiny] [--vocab 152064]
        [--type f16|f32|q8_0|q4_0] [--layers N] [--tokenizer FILE.gguf]
 """
 
@@ -34,9 +34,11 @@ class Shape:
     ff: int
 
 
-# SmolLM2-135M's body; Qwen2.5-1.5B's and Llama-3.2-3B's widths (llama architecture: no attention biases)
+# SmolLM2-135M's body; Qwen2.5-1.5B's, Llama-3.2-3B's and Llama-3.1-8B's widths (llama architecture: no attention
+# biases)
 SHAPES = {"tiny": Shape(2, 64, 4, 2, 128), "135m": Shape(30, 576, 9, 3, 1536),
-          "1.5b": Shape(28, 1536, 12, 2, 8960), "3b": Shape(28, 3072, 24, 8, 8192)}
+          "1.5b": Shape(28, 1536, 12, 2, 8960), "3b": Shape(28, 3072, 24, 8, 8192),
+          "8b": Shape(32, 4096, 32, 8, 14336)}
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 BLOCK = 1 << 20  # random values drawn once and tiled over every tensor
 INIT_STD = 0.02  # what a fresh checkpoint's linear layers hold
