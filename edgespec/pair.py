@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from edgespec.drafts.auto import AUTO_DRAFT, choose_draft
+from edgespec.drafts.llama_kinds import MTP_DRAFT, check_draft_file, check_mtp
 from edgespec.drafts.spec import DraftSpec, parse_draft
 
 
@@ -39,7 +41,8 @@ def resolve_model(model):
 def resolve_pair(target: str | os.PathLike | Pair | None, draft: str | os.PathLike | DraftSpec | None = AUTO_DRAFT
                  ) -> Pair:
     """The Pair a target and a draft name (a Pair: itself, whatever `draft` says). target None: the default model;
-    draft "auto": chosen for that target (choose_draft), the reason kept."""
+    draft "auto": chosen for that target (choose_draft), the reason kept. A draft in one of llama.cpp's own
+    formats that edgespec does not run (an EAGLE-3 or DFlash GGUF, "mtp") gets its error here (drafts/llama_kinds)."""
     if isinstance(target, Pair):
         return target
     if target is None:
@@ -50,4 +53,10 @@ def resolve_pair(target: str | os.PathLike | Pair | None, draft: str | os.PathLi
     if draft == AUTO_DRAFT:
         choice = {**choose_draft(target), "auto": True}
         draft = choice.pop("path", choice["draft"])
-    return Pair(str(resolve_model(target)), parse_draft(draft).resolved(), MappingProxyType(choice))
+    target = str(resolve_model(target))
+    if draft == MTP_DRAFT:
+        check_mtp(target)
+    spec = parse_draft(draft).resolved()
+    if spec.kind == "model" and Path(spec.source).suffix.lower() == ".gguf" and Path(spec.source).is_file():
+        check_draft_file(spec.source, target)
+    return Pair(target, spec, MappingProxyType(choice))

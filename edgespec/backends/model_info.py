@@ -138,8 +138,12 @@ class _Cursor:
         return self.unpack(_SCALARS[vtype])
 
 
+# the arrays kept in the metadata read_gguf_header gives: an EAGLE-3 head's target layers (a few ids)
+KEPT_ARRAYS = (".target_layers",)
+
+
 def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
-    """Scalar metadata (arrays left out) and the tensor table of a GGUF file."""
+    """Scalar metadata (arrays left out but KEPT_ARRAYS) and the tensor table of a GGUF file."""
     from edgespec.backends.gguf_file import ggml_type
     from edgespec.backends.llama.lib import check_gguf_file
 
@@ -157,7 +161,7 @@ def read_gguf_header(path: Path) -> tuple[dict, list[Tensor]]:
                 vtype = c.unpack("<I")
                 if key == SUBSET_KEY and vtype == _ARRAY:  # a subset draft: how many tokens, not which
                     meta[key] = struct.unpack_from("<Q", mm, c.pos + 4)[0]
-                value = c.value(vtype, keep=False)
+                value = c.value(vtype, keep=key.endswith(KEPT_ARRAYS))
                 if value is not None:
                     meta[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
             table, data_end = [], 0

@@ -46,6 +46,19 @@ def alone(client):
     return {prompt: ask(client, prompt) for prompt in PROMPTS}
 
 
+def test_each_answer_alone_is_target_only_decoding(reference_pair, alone):
+    """The answers the tests here compare with are the target's own: greedy target-only decoding in this process,
+    no draft, no server."""
+    from edgespec.api import load
+
+    engine = load(reference_pair[0], "none", n_ctx=512, threads=1)
+    try:
+        own = {p: engine.generate([{"role": "user", "content": p}], max_tokens=N).text for p in PROMPTS}
+    finally:
+        engine.close()
+    assert alone == own
+
+
 def test_requests_at_once_are_answered_as_each_alone(server, client, alone):
     """Five requests at once on three streams (two wait for a free one)."""
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

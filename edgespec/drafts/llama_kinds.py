@@ -1,0 +1,86 @@
+"""Drafts published in llama.cpp's own formats, recognised from a GGUF's header before anything loads.
+
+Users download drafts that are not small models of the target's family: EAGLE-3 heads (GGUF architecture
+`eagle3`: one decoder layer reading three of the target's layers, `eagle3.target_layers`, for a target
+`eagle3.target_hidden_size` wide), DFlash block drafts (`dflash`), and MTP layers inside the target's own GGUF
+(`ARCH.nextn_predict_layers` > 0: Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). The pinned llama.cpp holds the graphs
+for all three; they run only beside the target's context (an EAGLE-3 head without embeddings of its own cannot
+make a context alone), which edgespec does not drive yet (docs/llama-drafts.md: how llama.cpp drives them). Given
+as `--draft`, such a file gets an error saying what it is and what runs instead, where llama.cpp would fail later
+with "could not create a context".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+
+MTP_DRAFT = "mtp"  # --draft mtp: the target's own MTP layers
+KINDS = {"eagle3": ("an", "EAGLE-3 head"), "dflash": ("a", "DFlash block draft")}  # by GGUF architecture
+INSTEAD = ("--draft ngram (prompt lookup), a draft model of the target's vocabulary (*.gguf), or edgespec's own "
+           "EAGLE head (edgespec train-heads --kind eagle)")
+
+
+def gguf_meta(path: str | os.PathLike) -> dict:
+    """The scalar metadata of a GGUF file (and the arrays model_info keeps), read from its header."""
+    from edgespec.backends.model_info import read_gguf_header
+
+    return read_gguf_header(Path(path))[0]
+
+
+def describe(meta: dict) -> str | None:
+    """What a GGUF published as a draft is, in words (None: a model like any other, architecture aside)."""
+    arch = meta.get("general.architecture", "llama")
+    if arch not in KINDS:
+        return None
+    text = f"{' '.join(KINDS[arch])} (GGUF architecture {arch}"
+    width = meta.get(f"{arch}.target_hidden_size")
+    layers = meta.get(f"{arch}.target_layers")
+    if width:
+        text += f", for a target {width} wide"
+    if layers:
+        text += f", reading its layers {', '.join(str(i) for i in layers)}"
+    return text + ")"
+
+
+def check_draft_file(path: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Raise a clear error where the draft GGUF at `path` is a published draft edgespec does not run: what it is,
+    whether it fits `target` (a GGUF; an ONNX folder is not read), and what runs instead."""
+    meta = gguf_meta(path)
+    what = describe(meta)
+    if what is None:
+        return
+    arch = meta["general.architecture"]
+    fit = ""
+    wanted = meta.get(f"{arch}.target_hidden_size")
+    if wanted and str(target).lower().endswith(".gguf"):
+        target_meta = gguf_meta(target)
+        width = target_meta.get(f"{target_meta.get('general.architecture', 'llama')}.embedding_length")
+        if width and width != wanted:
+            fit = f"; it was converted for another target (this target is {width} wide)"
+    raise EdgespecError(f"draft {Path(path).name} is {what}{fit}: edgespec does not run {KINDS[arch][1]}s yet. "
+                        f"Run instead: {INSTEAD}")
+
+
+def mtp_layers(target: str | os.PathLike) -> tuple[str, int]:
+    """The target GGUF's architecture and the MTP ("nextn") layers it carries (0: none)."""
+    meta = gguf_meta(target)
+    arch = meta.get("general.architecture", "llama")
+    return arch, int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+
+
+def check_mtp(target: str | os.PathLike) -> None:
+    """The error `--draft mtp` gets: the target has no MTP layers (naming its architecture), or it has them and
+    edgespec does not drive them yet."""
+    if not str(target).lower().endswith(".gguf"):
+        raise EdgespecError(f"--draft mtp uses MTP layers inside a target's GGUF; {target} is not a GGUF file")
+    arch, n = mtp_layers(target)
+    name = Path(target).name
+    if n == 0:
+        raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries no MTP layers "
+                            f"({arch}.nextn_predict_layers is absent or 0); MTP layers ship inside GGUFs of models "
+                            f"trained with them (Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). Run instead: {INSTEAD}")
+    raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries {n} MTP layer"
+                        f"{'s' * (n > 1)}, which edgespec does not drive yet. Run instead: {INSTEAD}")

@@ -1,0 +1,82 @@
+"""Drafts in llama.cpp's own formats (drafts/llama_kinds.py): an EAGLE-3 or DFlash GGUF given as --draft, and
+--draft mtp, get one error saying what the file is, whether it fits the target, and what runs instead, before
+anything loads; a draft model like any other passes through."""
+
+import numpy as np
+import pytest
+
+from edgespec.drafts.llama_kinds import describe, gguf_meta, mtp_layers
+from edgespec.errors import EdgespecError
+from edgespec.pair import resolve_pair
+
+gguf = pytest.importorskip("gguf")
+
+
+def write(path, arch, **fields):
+    """A GGUF of `arch` holding `fields` (lists as arrays) and one small tensor: as much of a header as the checks
+    read."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in fields.items():
+        key = f"{arch}.{key}"
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def target(tmp_path):
+    return write(tmp_path / "target.gguf", "llama", embedding_length=576, block_count=30)
+
+
+def test_an_eagle3_head_says_what_it_is_and_what_runs_instead(tmp_path, target):
+    head = write(tmp_path / "head.gguf", "eagle3", target_hidden_size=576, target_layers=[2, 15, 27],
+                 embedding_length=576)
+    assert gguf_meta(head)["eagle3.target_layers"] == [2, 15, 27]
+    assert describe(gguf_meta(head)) == ("an EAGLE-3 head (GGUF architecture eagle3, for a target 576 wide, reading "
+                                         "its layers 2, 15, 27)")
+    with pytest.raises(EdgespecError) as error:
+        resolve_pair(target, head)
+    text = str(error.value)
+    assert text.startswith("draft head.gguf is an EAGLE-3 head") and "does not run EAGLE-3 heads" in text
+    assert "--draft ngram" in text and "converted for another target" not in text
+    with pytest.raises(EdgespecError, match="ngram"):
+        resolve_pair(target, f"ngram+{head}")  # behind prompt lookup: the same error
+
+
+def test_a_head_for_another_target_says_so(tmp_path, target):
+    head = write(tmp_path / "head.gguf", "eagle3", target_hidden_size=4096, target_layers=[2, 16, 29])
+    with pytest.raises(EdgespecError, match="converted for another target \\(this target is 576 wide\\)"):
+        resolve_pair(target, head)
+
+
+def test_a_dflash_block_draft_is_named(tmp_path, target):
+    block = write(tmp_path / "block.gguf", "dflash", block_size=16)
+    with pytest.raises(EdgespecError, match="is a DFlash block draft \\(GGUF architecture dflash\\): edgespec does "
+                                            "not run DFlash block drafts yet"):
+        resolve_pair(target, block)
+
+
+def test_draft_mtp_names_the_targets_architecture(tmp_path, target):
+    assert mtp_layers(target) == ("llama", 0)
+    with pytest.raises(EdgespecError, match="target.gguf \\(architecture llama\\) carries no MTP layers"):
+        resolve_pair(target, "mtp")
+    with_mtp = write(tmp_path / "qwen.gguf", "qwen35", embedding_length=576, nextn_predict_layers=1)
+    assert mtp_layers(with_mtp) == ("qwen35", 1)
+    with pytest.raises(EdgespecError, match="qwen.gguf \\(architecture qwen35\\) carries 1 MTP layer, which"):
+        resolve_pair(with_mtp, "mtp")
+    with pytest.raises(EdgespecError, match="not a GGUF file"):
+        resolve_pair(tmp_path, "mtp")
+
+
+def test_a_draft_model_passes_through(tmp_path, target):
+    draft = write(tmp_path / "draft.gguf", "llama", embedding_length=576, block_count=2)
+    pair = resolve_pair(target, draft)
+    assert pair.draft.kind == "model" and pair.draft.source == str(draft)
+    assert describe(gguf_meta(draft)) is None
