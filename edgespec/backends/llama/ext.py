@@ -6,8 +6,9 @@ names; those names encode the signature, so a pinned llama.cpp whose signatures 
 naming the missing function rather than calling it wrongly. docs/llama-drafts.md says how llama.cpp's own
 speculative driver uses them.
 
-What edgespec uses so far: the inputs of chosen target layers for every token of a pass (the features an EAGLE-3
-head is trained on and drafts from).
+Bound so far, for what edgespec uses: the inputs of chosen target layers for every token of a pass (the features
+an EAGLE-3 head is trained on and drafts from) and the target layers an EAGLE-3 model reads. The rest (the nextn
+rows, the draft's other context) is bound when a drafter uses it.
 """
 
 from __future__ import annotations
@@ -31,13 +32,8 @@ FUNCTIONS = {
                                  [_ctx, ctypes.c_uint32, ctypes.c_bool]),
     "get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj", _FLOATS,
                                  [_ctx, ctypes.c_uint32]),
-    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb", None,
-                             [_ctx, ctypes.c_bool, ctypes.c_bool]),
-    "get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti", _FLOATS,
-                                 [_ctx, ctypes.c_int32]),
     "model_target_layer_ids": ("_Z28llama_model_target_layer_idsPK11llama_model", _INTS, [_model]),
     "model_target_layer_ids_n": ("_Z30llama_model_target_layer_ids_nPK11llama_model", ctypes.c_uint32, [_model]),
-    "get_ctx_other": ("_Z19llama_get_ctx_otherP13llama_context", _ctx, [_ctx]),
 }
 
 
