@@ -5,9 +5,10 @@ Users download drafts that are not small models of the target's family: EAGLE-3 
 `eagle3.target_hidden_size` wide), DFlash block drafts (`dflash`), and MTP layers inside the target's own GGUF
 (`ARCH.nextn_predict_layers` > 0: Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). The pinned llama.cpp holds the graphs
 for all three; they run only beside the target's context (an EAGLE-3 head without embeddings of its own cannot
-make a context alone), which edgespec does not drive yet (docs/llama-drafts.md: how llama.cpp drives them). Given
-as `--draft`, such a file gets an error saying what it is and what runs instead, where llama.cpp would fail later
-with "could not create a context".
+make a context alone; docs/llama-drafts.md: how llama.cpp drives them). EAGLE-3 heads draft through
+drafts/eagle3.py where they fit the target; the others, and a head converted for another target, get an error
+saying what the file is and what runs instead, where llama.cpp would fail later with "could not create a
+context".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from edgespec.errors import EdgespecError
 
 MTP_DRAFT = "mtp"  # --draft mtp: the target's own MTP layers
 KINDS = {"eagle3": ("an", "EAGLE-3 head"), "dflash": ("a", "DFlash block draft")}  # by GGUF architecture
+RUN = ("eagle3",)  # the kinds edgespec drafts with (drafts/eagle3.py)
 INSTEAD = ("--draft ngram (prompt lookup), a draft model of the target's vocabulary (*.gguf), or edgespec's own "
            "EAGLE head (edgespec train-heads --kind eagle)")
 
@@ -46,8 +48,9 @@ def describe(meta: dict) -> str | None:
 
 
 def check_draft_file(path: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Raise a clear error where the draft GGUF at `path` is a published draft edgespec does not run: what it is,
-    whether it fits `target` (a GGUF; an ONNX folder is not read), and what runs instead."""
+    """Raise a clear error where the draft GGUF at `path` is a published draft edgespec does not run, or an EAGLE-3
+    head that does not fit `target` (converted for another width, or a target that is not a GGUF): what it is and
+    what runs instead."""
     meta = gguf_meta(path)
     what = describe(meta)
     if what is None:
@@ -55,13 +58,18 @@ def check_draft_file(path: str | os.PathLike, target: str | os.PathLike) -> None
     arch = meta["general.architecture"]
     fit = ""
     wanted = meta.get(f"{arch}.target_hidden_size")
-    if wanted and str(target).lower().endswith(".gguf"):
+    gguf_target = str(target).lower().endswith(".gguf")
+    if wanted and gguf_target:
         target_meta = gguf_meta(target)
         width = target_meta.get(f"{target_meta.get('general.architecture', 'llama')}.embedding_length")
         if width and width != wanted:
             fit = f"; it was converted for another target (this target is {width} wide)"
-    raise EdgespecError(f"draft {Path(path).name} is {what}{fit}: edgespec does not run {KINDS[arch][1]}s yet. "
-                        f"Run instead: {INSTEAD}")
+    if arch in RUN and gguf_target and not fit:
+        return
+    if arch in RUN and not gguf_target:
+        fit = f"; it runs beside a GGUF target inside llama.cpp, and {Path(target).name} is not one"
+    why = "it cannot draft for this target" if arch in RUN else f"edgespec does not run {KINDS[arch][1]}s yet"
+    raise EdgespecError(f"draft {Path(path).name} is {what}{fit}: {why}. Run instead: {INSTEAD}")
 
 
 def mtp_layers(target: str | os.PathLike) -> tuple[str, int]:
@@ -84,3 +92,9 @@ def check_mtp(target: str | os.PathLike) -> None:
                             f"trained with them (Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). Run instead: {INSTEAD}")
     raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries {n} MTP layer"
                         f"{'s' * (n > 1)}, which edgespec does not drive yet. Run instead: {INSTEAD}")
+
+
+def is_eagle3(path: str | os.PathLike) -> bool:
+    """Whether a draft file is an EAGLE-3 GGUF (drafts/eagle3.py drafts from it)."""
+    return str(path).lower().endswith(".gguf") and Path(path).is_file() \
+        and gguf_meta(path).get("general.architecture") == "eagle3"

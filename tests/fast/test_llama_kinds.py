@@ -1,11 +1,11 @@
-"""Drafts in llama.cpp's own formats (drafts/llama_kinds.py): an EAGLE-3 or DFlash GGUF given as --draft, and
---draft mtp, get one error saying what the file is, whether it fits the target, and what runs instead, before
-anything loads; a draft model like any other passes through."""
+"""Drafts in llama.cpp's own formats (drafts/llama_kinds.py): an EAGLE-3 head that fits the target resolves; one
+that does not, a DFlash GGUF and --draft mtp get one error saying what the file is, whether it fits the target,
+and what runs instead, before anything loads; a draft model like any other passes through."""
 
 import numpy as np
 import pytest
 
-from edgespec.drafts.llama_kinds import describe, gguf_meta, mtp_layers
+from edgespec.drafts.llama_kinds import check_draft_file, describe, gguf_meta, is_eagle3, mtp_layers
 from edgespec.errors import EdgespecError
 from edgespec.pair import resolve_pair
 
@@ -35,19 +35,21 @@ def target(tmp_path):
     return write(tmp_path / "target.gguf", "llama", embedding_length=576, block_count=30)
 
 
-def test_an_eagle3_head_says_what_it_is_and_what_runs_instead(tmp_path, target):
+def test_an_eagle3_head_that_fits_resolves_and_one_beside_another_runtime_says_what_it_is(tmp_path, target):
     head = write(tmp_path / "head.gguf", "eagle3", target_hidden_size=576, target_layers=[2, 15, 27],
                  embedding_length=576)
     assert gguf_meta(head)["eagle3.target_layers"] == [2, 15, 27]
     assert describe(gguf_meta(head)) == ("an EAGLE-3 head (GGUF architecture eagle3, for a target 576 wide, reading "
                                          "its layers 2, 15, 27)")
+    assert is_eagle3(head) and not is_eagle3(target)
+    assert resolve_pair(target, head).draft.source == str(head)  # drafts/eagle3.py runs it
+    onnx = tmp_path / "model-onnx"
+    onnx.mkdir()
     with pytest.raises(EdgespecError) as error:
-        resolve_pair(target, head)
+        check_draft_file(head, onnx)
     text = str(error.value)
-    assert text.startswith("draft head.gguf is an EAGLE-3 head") and "does not run EAGLE-3 heads" in text
+    assert text.startswith("draft head.gguf is an EAGLE-3 head") and "beside a GGUF target" in text
     assert "--draft ngram" in text and "converted for another target" not in text
-    with pytest.raises(EdgespecError, match="ngram"):
-        resolve_pair(target, f"ngram+{head}")  # behind prompt lookup: the same error
 
 
 def test_a_head_for_another_target_says_so(tmp_path, target):

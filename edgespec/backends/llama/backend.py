@@ -108,6 +108,9 @@ class LlamaBackend(LlamaHandles, Backend):
         self.overlap = overlap
         self._ahead = False  # a pass prefetch started, whose rows collect has not read
         self.states: PromptCache | None = None  # saved sequence states a prompt may start from (recall)
+        # called after every llama_decode with the positions of its rows, in batch order: a draft that reads the
+        # target's states of each pass (an EAGLE-3 head's layer inputs) takes them here, before the next decode
+        self.on_pass: Callable[[list[int]], None] | None = None
 
     def forward(self, tokens: Sequence[int], n_logits: int, *, copy: bool = True) -> np.ndarray:
         """See Backend.forward. copy=False: where the pass fits one batch, the rows are a read-only view of
@@ -179,7 +182,7 @@ class LlamaBackend(LlamaHandles, Backend):
         device computes, and collect returns the rows. The tokens are in `tokens` from here on, as after a
         forward; any other call discards the rows. Returns whether a pass was started."""
         self._settle()
-        if not self.overlap or self.hidden or self._pending or self._tree is not None or not tokens \
+        if not self.overlap or self.hidden or self.on_pass or self._pending or self._tree is not None or not tokens \
                 or len(tokens) > self.n_batch or len(self.tokens) + len(tokens) > self.n_ctx:
             return False
         try:
@@ -384,6 +387,8 @@ class LlamaBackend(LlamaHandles, Backend):
         rc = _lib().llama_decode(self._ctx, b)
         if rc != 0:
             raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(rows)} rows)")
+        if self.on_pass is not None:
+            self.on_pass([pos for _, pos, _, _ in rows])
 
     def _decode_step(self, tokens: Sequence[int]) -> None:
         """One llama_decode of tokens after the cache on sequence 0, the last one's logits out: llama.cpp's own
@@ -393,6 +398,8 @@ class LlamaBackend(LlamaHandles, Backend):
         rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(ids, len(tokens)))
         if rc != 0:
             raise EdgespecError(f"llama_decode failed with code {rc} on {self.name} ({len(tokens)} rows)")
+        if self.on_pass is not None:
+            self.on_pass(list(range(len(self.tokens), len(self.tokens) + len(tokens))))
 
     def keep_states(self, cache: PromptCache | None) -> bool:
         self.states = cache

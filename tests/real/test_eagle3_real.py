@@ -1,0 +1,93 @@
+"""EAGLE-3 heads in llama.cpp's format on the default model: a SpecForge checkpoint converted by the pinned
+llama.cpp's own converter (as users convert published heads), drafting inside llama.cpp beside the target
+(drafts/eagle3.py): greedy text equal to target-only, and at t = 1 the law of a drafted token equal to the target's,
+a test that fails on a rule without the residual step.
+
+The head has random weights: exactness holds for any head, and the test needs one whose law overlaps the
+target's. Its d2t map keeps 12 ids, the target's most likely first tokens after the law test's prompt, so its
+near-uniform law over them shares about a third of its mass with the target's there. The loop drafts the first
+token after a prompt too (its prefill pass verifies it), so that token is the one drafted."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from stats_util import ALPHA, target_instead_of_residual
+
+import edgespec
+from edgespec.decode import rule as rule_module
+from edgespec.drafts.eagle3 import head_ids
+from edgespec.drafts.llama_kinds import describe, gguf_meta
+from edgespec.export.eagle3 import convert_eagle3, random_eagle3
+
+LAW_PROMPT = "Once upon a time, in a small"  # the next token is " town" half the time
+LAYERS = [2, 15, 27]
+
+
+def softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@pytest.fixture(scope="module")
+def first_law(default_gguf):
+    """The target's law of the first token after LAW_PROMPT (t = 1, no filters)."""
+    from edgespec.backends.llama.backend import LlamaBackend
+
+    target = LlamaBackend(default_gguf, n_ctx=256, n_threads=2, sequences=1)
+    try:
+        return softmax(target.forward(target.tokenize(LAW_PROMPT, special=False), 1)[-1].astype(np.float64))
+    finally:
+        target.close()
+
+
+@pytest.fixture(scope="module")
+def head(smollm2_checkpoint, first_law, tmp_path_factory):
+    ids = np.argsort(first_law)[::-1][:12]
+    folder = tmp_path_factory.mktemp("eagle3")
+    random_eagle3(folder / "head", smollm2_checkpoint, layers=LAYERS, draft_ids=ids, seed=1, scale=0.02)
+    return convert_eagle3(folder / "head", smollm2_checkpoint, folder / "head.gguf"), np.sort(ids)
+
+
+def test_the_converted_head_is_an_eagle3_gguf_for_the_target(head):
+    path, ids = head
+    meta = gguf_meta(path)
+    assert meta["general.architecture"] == "eagle3"
+    assert meta["eagle3.target_layers"] == LAYERS and meta["eagle3.target_hidden_size"] == 576
+    assert describe(meta).startswith("an EAGLE-3 head (GGUF architecture eagle3, for a target 576 wide")
+    assert np.array_equal(head_ids(path, 49152), ids)  # d2t as absolute target ids
+
+
+def test_greedy_text_is_target_only_text(default_gguf, head):
+    spec = edgespec.load(default_gguf, str(head[0]), n_ctx=512)
+    plain = edgespec.load(default_gguf, None, n_ctx=512)
+    drafted = 0
+    for prompt in ("Write a haiku about rain.", "List three prime numbers.", LAW_PROMPT):
+        a = spec.generate(prompt, max_tokens=24, temperature=0, draft_max=3)
+        b = plain.generate(prompt, max_tokens=24, temperature=0, draft_max=0)
+        assert a.tokens == b.tokens
+        drafted += a.stats.drafted
+    assert drafted >= 3 * 20  # nearly every round drafted three tokens
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_drafted_token_follows_the_target_law_at_t1(default_gguf, head, first_law, monkeypatch, broken):
+    """600 answers at t = 1 whose first token the head drafted: its law is the target's (cells for the tokens
+    likely enough, and the rest). Without the residual step (resampling the target's law on a rejection) the test
+    fails at the same alpha."""
+    if broken:
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    engine = edgespec.load(default_gguf, str(head[0]), n_ctx=256)
+    runs, draws, accepted = 600, [], 0
+    for seed in range(runs):
+        result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=1.0, seed=seed, chat=False, draft_max=1)
+        assert result.stats.drafted >= 1
+        draws.append(result.tokens[0])
+        accepted += result.stats.accepted
+    assert runs * 0.1 < accepted < runs * 0.6  # kept and rejected drafts, both many times
+    cells = [x for x in range(len(first_law)) if first_law[x] * runs >= 5]
+    expected = [first_law[x] for x in cells]
+    observed = [draws.count(x) for x in cells]
+    expected.append(1 - sum(expected))
+    observed.append(runs - sum(observed))
+    p = stats.chisquare(observed, np.array(expected) * runs).pvalue
+    assert (p < ALPHA) == broken, (p, observed)
