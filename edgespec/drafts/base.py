@@ -104,6 +104,22 @@ def confidence(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
+def head_chain_cost(drafter: Drafter, context: list[int], reps: int = 5, k: int = 4) -> float:
+    """Seconds per drafted token of a head's k-token chain after `context` (the median of reps; the entries for
+    the context written before the clock starts), for the controller's prior. The drafter is reset after."""
+    import time
+
+    times = []
+    for _ in range(reps):
+        drafter.reset()
+        drafter.catch_up([*context, context[-1]])  # entries for all of context
+        t = time.perf_counter()
+        drafter.propose(context, k, SamplingParams(), np.random.default_rng(0))
+        times.append(time.perf_counter() - t)
+    drafter.reset()
+    return sorted(times)[reps // 2] / k
+
+
 def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.ndarray], k: int, width: int,
                         params: SamplingParams, rng: np.random.Generator, n_vocab: int,
                         ids: np.ndarray | None = None, gate=None) -> DraftTree:

@@ -355,17 +355,6 @@ class EagleDrafter(Drafter):
 
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
         """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
-        import time
+        from edgespec.drafts.base import head_chain_cost
 
-        from edgespec.decode.sampling import SamplingParams
-
-        context = [int(t) for t in self.subset[:16]]
-        times = []
-        for _ in range(reps):
-            self.reset()
-            self._commit(context)
-            t = time.perf_counter()
-            self.propose(context, k, SamplingParams(), np.random.default_rng(0))
-            times.append(time.perf_counter() - t)
-        self.reset()
-        return sorted(times)[reps // 2] / k
+        return head_chain_cost(self, [int(t) for t in self.subset[:16]], reps, k)

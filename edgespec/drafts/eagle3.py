@@ -22,7 +22,6 @@ worse, never wrong.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from edgespec.backends.llama.ext import DECODE, ENCODE, ExtBatch, LayerInputs, e
 from edgespec.backends.llama.lib import check_gguf_file
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.drafts.base import Drafter, chain_with_siblings
+from edgespec.drafts.base import Drafter, chain_with_siblings, head_chain_cost
 from edgespec.errors import EdgespecError
 
 
@@ -183,16 +182,5 @@ class Eagle3Drafter(Drafter):
 
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
         """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
-        from edgespec.decode.sampling import SamplingParams
-
-        context = list(range(1, 17))
-        times = []
-        for _ in range(reps):
-            self.reset()
-            self._commit(context)
-            t = time.perf_counter()
-            self.propose(context, k, SamplingParams(), np.random.default_rng(0))
-            times.append(time.perf_counter() - t)
-        self.reset()
-        return sorted(times)[reps // 2] / k
+        return head_chain_cost(self, list(range(1, 17)), reps, k)
 
