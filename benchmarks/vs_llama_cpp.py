@@ -1,11 +1,12 @@
 """edgespec against llama.cpp's own server on the same GGUF files and prompts, interleaved in one run.
 
 The alternative our users weigh is llama-server itself (plain, or with a draft: what most local apps wrap).
-For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft model
-(`--spec-type draft-simple`, its defaults) where --draft is a GGUF; llama-server with prompt lookup
-(`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's choice, with the same
-draft or prompt lookup); with --tree-width W, edgespec drafting trees of up to W guesses a position too (a
-second engine on the same files). Beside each drafting system its acceptance (llama-server's draft_n_accepted
+For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft where --draft is a
+GGUF (`--spec-type draft-simple` for a draft model, `draft-eagle3` for an EAGLE-3 head; its defaults); llama-server
+with prompt lookup (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's
+choice, with the same draft or prompt lookup); with --also-edgespec DRAFT, edgespec with other drafts too; with
+--tree-width W, edgespec drafting trees of up to W guesses a position too (a second engine on the same files).
+Beside each drafting system its acceptance (llama-server's draft_n_accepted
 over draft_n), and beside edgespec's the chain bound its costs and acceptance allow (plan/bound.py). Speeds are
 decode speeds, prompt processing left out on both sides, and both count a
 token for every pass that produced one, the end-of-generation token included: llama-server's own
@@ -20,7 +21,7 @@ flags into ~/.cache/edgespec/llama-bin/ on first use (about 5 minutes on 2 cores
 usage: python benchmarks/vs_llama_cpp.py [--pair pair.json | --target T.gguf [--draft ngram|D.gguf]] [-t 0 -t 0.7]
        [--edgespec-draft ngram+D.gguf] [--per-category 2] [--max-tokens 128] [--threads 2] [--llama-bin DIR] [--json]
        [--server-draft '--spec-draft-n-max 8 --spec-draft-p-min 0.5' ...] [--no-ngram] [--no-default-draft]
-       [--tree-width 3]
+       [--also-edgespec D.gguf ...] [--tree-width 3]
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def main() -> None:
     ap.add_argument("--server-draft", action="append", default=[], metavar="FLAGS",
                     help="also llama-server with the draft and these speculative flags, e.g. "
                     "'--spec-draft-n-max 8 --spec-draft-p-min 0.5' (repeatable)")
+    ap.add_argument("--also-edgespec", action="append", default=[], metavar="DRAFT",
+                    help="also edgespec speculative with this draft (a model, heads, ngram; repeatable), a second "
+                    "engine on the same target")
     ap.add_argument("--tree-width", type=int, default=1,
                     help="also edgespec drafting trees of up to this many guesses a position (a second engine)")
     ap.add_argument("--no-ngram", action="store_true", help="leave llama-server + ngram out")
@@ -170,8 +174,11 @@ def main() -> None:
     binary = llama_bin(args.llama_bin) / "llama-server"
     configs = {"llama-server": ["-ngl", str(args.gpu_layers)]}
     if args.draft != "ngram":
-        drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers),
-                   "--spec-type", "draft-simple"]
+        from edgespec.drafts.llama_kinds import is_eagle3
+
+        # an EAGLE-3 head runs as llama-server's draft-eagle3 (beside the target), a draft model as draft-simple
+        kind = "draft-eagle3" if is_eagle3(args.draft) else "draft-simple"
+        drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers), "--spec-type", kind]
         if not args.no_default_draft:
             configs["llama-server + draft"] = drafted
         for n_max in args.server_draft_max:
@@ -186,6 +193,9 @@ def main() -> None:
     engine = api.load(target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,
                       gpu_layers=args.gpu_layers)
     engines = {"edgespec speculative": engine}
+    for draft in args.also_edgespec:
+        engines[f"edgespec speculative ({Path(draft).name})"] = api.load(target, draft, threads=args.threads,
+                                                                          n_ctx=args.ctx, gpu_layers=args.gpu_layers)
     if args.tree_width > 1:
         engines[f"edgespec trees ({args.tree_width})"] = api.load(
             target, args.edgespec_draft or args.draft, threads=args.threads, n_ctx=args.ctx,

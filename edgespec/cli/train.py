@@ -153,11 +153,14 @@ def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
 @click.option("-m", "--target", envvar="EDGESPEC_TARGET", type=click.Path(),
               help="The target whose hidden states the heads read: a GGUF file or an ONNX export folder (fp32 or "
                    "fp16 for EAGLE, whose layer starts from the target's) [default: the default model]")
-@click.option("--kind", type=click.Choice(["medusa", "eagle"]), default="medusa", show_default=True,
+@click.option("--kind", type=click.Choice(["medusa", "eagle", "eagle3"]), default="medusa", show_default=True,
               help="medusa: one residual block per future position over the target's last hidden state; eagle: "
-                   "one decoder layer over the target's hidden state and the next token, drafting a chain")
+                   "one decoder layer over the target's hidden state and the next token, drafting a chain; "
+                   "eagle3: an EAGLE-3 head over three of the target's layers, written as llama.cpp's GGUF")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
-              help="The heads file (*.medusa.npz or *.eagle.npz)")
+              help="The heads file (*.medusa.npz, *.eagle.npz, or for eagle3 a *.gguf)")
+@click.option("--hf-target", type=click.Path(file_okay=False, exists=True), default=None,
+              help="eagle3: the target's Hugging Face folder, read by llama.cpp's converter (tokenizer, config)")
 @click.option("--heads", "n_heads", type=click.IntRange(1, 8), default=4, show_default=True,
               help="Medusa heads (future positions)")
 @click.option("--steps", type=click.IntRange(1, 8), default=3, show_default=True,
@@ -174,8 +177,8 @@ def draft_vocab_cmd(draft, corpus, also_corpora, size, out, as_json):
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True)
 @click.option("--seed", type=Seed(), default=0, show_default=True, help="Seeds sampled answers and training")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON")
-def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, only_prompts, corpus, answerer, answer_draft,
-                    temperature, also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):
+def train_heads_cmd(target, kind, out, hf_target, n_heads, steps, prompts_file, only_prompts, corpus, answerer,
+                    answer_draft, temperature, also_corpora, corpus_only, epochs, lr, max_tokens, seed, as_json):
     """Train draft heads on the target's own answers and hidden states (no second model to run).
 
     Use them as the draft: edgespec chat --target T.gguf --draft HEADS.medusa.npz
@@ -183,9 +186,11 @@ def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, only_prompt
     from edgespec.train.heads import train_heads
 
     prompts = training_prompts(prompts_file, only_prompts)
-    extra = {"steps": steps} if kind == "eagle" else {}
+    extra = {"steps": steps} if kind in ("eagle", "eagle3") else {}
+    if kind == "eagle3":
+        extra["hf_target"] = hf_target
     summary = train_heads(target, out, kind=kind, corpus=corpus, prompts=prompts, n_heads=n_heads, epochs=epochs,
-                          lr=lr or (1e-3 if kind == "eagle" else 3e-3), max_tokens=max_tokens,
+                          lr=lr or (3e-3 if kind == "medusa" else 1e-3), max_tokens=max_tokens,
                           temperature=temperature, seed=seed, progress=not as_json, answerer=answerer,
                           answer_draft=answer_draft, also_corpora=list(also_corpora), corpus_only=corpus_only,
                           **extra)
@@ -197,6 +202,6 @@ def train_heads_cmd(target, kind, out, n_heads, steps, prompts_file, only_prompt
                    f"{summary['answered_by']}; {summary['corpus_seconds']:.0f} s)")
         return
     last = summary["training"]["epochs"][-1]
-    per = "draft step" if kind == "eagle" else "head"
+    per = "head" if kind == "medusa" else "draft step"
     click.echo(f"heads: {summary['heads']} ({summary['bytes'] / 1e6:.1f} MB); held-out top-1 agreement per {per} "
                f"{last['held_out_agreement']}; training {summary['train_seconds']:.0f} s")

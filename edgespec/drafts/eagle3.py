@@ -138,12 +138,18 @@ class Eagle3Drafter(Drafter):
 
     def _entries(self, tokens: list[int], states: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
         """Decoder entries (tokens[i], states[i]) at positions first + i; the last one's pre-norm state and logits
-        (over the head's ids)."""
-        for start in range(0, len(tokens), self.n_batch):
-            end = min(start + self.n_batch, len(tokens))
-            for i in range(start, end):
-                self.batch.add(tokens[i], states[i], first + i, i == len(tokens) - 1)
+        (over the head's ids).
+
+        The last entry goes alone: llama.cpp's eagle3 decoder graph keeps every row to its end (it selects no
+        output rows), and a batch with fewer outputs than rows returns its first rows' (llama-server's batches
+        are all outputs or none)."""
+        last = len(tokens) - 1
+        for start in range(0, last, self.n_batch):
+            for i in range(start, min(start + self.n_batch, last)):
+                self.batch.add(tokens[i], states[i], first + i, False)
             self.batch.process(DECODE)
+        self.batch.add(tokens[last], states[last], first + last, True)
+        self.batch.process(DECODE)
         state = nextn_rows(self._ctx, 1, self.width, -1)[0]  # the last row, the one output
         row = np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
         return state, (row[self.ids] if self.ids is not None else row.copy())

@@ -118,6 +118,45 @@ def subset_positions(subset: np.ndarray, n_vocab: int) -> np.ndarray:
     return index
 
 
+def replay_chain(head, features, embeddings, real, valid, steps):
+    """Training-time test for a one-layer head with its own cache (EAGLE-1 and EAGLE-3): the head's output per
+    draft step, each [B, T, E]. Step 1 reads `features` [B, T, E] at every entry; step s reads, where `real`
+    [B, T], the output of step s-1 one position back, and its query attends to the real entries up to t-s+1 and
+    to the guessed entries of steps 2..s, which sit at t-s+2 .. t: what the head's cache holds when it drafts s
+    tokens ahead. head.entry(features, embeddings, pos) -> (z, q, k, v) for entries; head.finish(z, attn) -> the
+    output that the next step reads. valid [B, T]: not padding."""
+    import torch
+
+    b, t, _ = features.shape
+    pos = torch.arange(t, dtype=torch.float64)
+    idx = torch.arange(t)
+    z, q, k_real, v_real = head.entry(features, embeddings, pos)
+    scale = q.shape[-1] ** -0.5
+
+    def real_scores(q, upto):  # attention scores over real entries j <= t - upto: [B, H, T, T]
+        keep = (idx[None, :] <= idx[:, None] - upto)[None, None] & valid[:, None, None, :]
+        return (torch.einsum("bthd,bnhd->bhtn", q, k_real) * scale).masked_fill(~keep, float("-inf"))
+
+    g = head.finish(z, torch.einsum("bhtn,bnhd->bthd", torch.softmax(real_scores(q, 0), -1), v_real))
+    outs, chain = [g], []  # chain: (k, v) of earlier steps' guessed entries, each at its own position
+    for s in range(2, steps + 1):
+        guess = torch.cat([features[:, :1], g[:, :-1]], dim=1)  # g of step s-1, one position back
+        z, q, k, v = head.entry(torch.where(real[..., None], guess, features), embeddings, pos)
+        chain.append((k, v))
+        # the query at t sees real entries up to t-s+1, then the guessed entries of steps 2..s, which
+        # sit at t-s+2 .. t: step u's entry for this chain is u-s places back in its own tensor
+        ks = [torch.roll(ku, s - u, dims=1) for u, (ku, _) in enumerate(chain, start=2)]
+        vs = [torch.roll(vu, s - u, dims=1) for u, (_, vu) in enumerate(chain, start=2)]
+        own = [torch.einsum("bthd,bthd->bht", q, ku)[..., None] * scale for ku in ks]
+        attn = torch.softmax(torch.cat([real_scores(q, s - 1), *own], dim=-1), dim=-1)
+        out = torch.einsum("bhtn,bnhd->bthd", attn[..., :t], v_real)
+        for u, vu in enumerate(vs):
+            out = out + attn[..., t + u].transpose(1, 2)[..., None] * vu
+        g = head.finish(z, out)
+        outs.append(g)
+    return outs
+
+
 def _torch_head(torch, weights: dict[str, np.ndarray], meta: dict):
     nn, F = torch.nn, torch.nn.functional
 
@@ -159,34 +198,7 @@ def _torch_head(torch, weights: dict[str, np.ndarray], meta: dict):
         def forward(self, features, embeddings, real, valid, steps):
             """g per step, each [B, T, E]. Step 1 reads features [B, T, E]; step s reads, where `real` [B, T]
             (positions after the prompt), the g of step s-1 one position back. valid [B, T]: not padding."""
-            b, t, _ = features.shape
-            pos = torch.arange(t, dtype=torch.float64)
-            idx = torch.arange(t)
-            z, q, k_real, v_real = self.entry(features, embeddings, pos)
-            scale = q.shape[-1] ** -0.5
-
-            def real_scores(q, upto):  # attention scores over real entries j <= t - upto: [B, H, T, T]
-                keep = (idx[None, :] <= idx[:, None] - upto)[None, None] & valid[:, None, None, :]
-                return (torch.einsum("bthd,bnhd->bhtn", q, k_real) * scale).masked_fill(~keep, float("-inf"))
-
-            g = self.finish(z, torch.einsum("bhtn,bnhd->bthd", torch.softmax(real_scores(q, 0), -1), v_real))
-            outs, chain = [g], []  # chain: (k, v) of earlier steps' guessed entries, each at its own position
-            for s in range(2, steps + 1):
-                guess = torch.cat([features[:, :1], g[:, :-1]], dim=1)  # g of step s-1, one position back
-                z, q, k, v = self.entry(torch.where(real[..., None], guess, features), embeddings, pos)
-                chain.append((k, v))
-                # the query at t sees real entries up to t-s+1, then the guessed entries of steps 2..s, which
-                # sit at t-s+2 .. t: step u's entry for this chain is u-s places back in its own tensor
-                ks = [torch.roll(ku, s - u, dims=1) for u, (ku, _) in enumerate(chain, start=2)]
-                vs = [torch.roll(vu, s - u, dims=1) for u, (_, vu) in enumerate(chain, start=2)]
-                own = [torch.einsum("bthd,bthd->bht", q, ku)[..., None] * scale for ku in ks]
-                attn = torch.softmax(torch.cat([real_scores(q, s - 1), *own], dim=-1), dim=-1)
-                out = torch.einsum("bhtn,bnhd->bthd", attn[..., :t], v_real)
-                for u, vu in enumerate(vs):
-                    out = out + attn[..., t + u].transpose(1, 2)[..., None] * vu
-                g = self.finish(z, out)
-                outs.append(g)
-            return outs
+            return replay_chain(self, features, embeddings, real, valid, steps)
 
     return Head()
 
@@ -232,22 +244,36 @@ def _targets(torch, seqs: list[Sequence], rows: np.ndarray, subset_index: np.nda
 
 def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str, np.ndarray], meta: dict, *,
                 subset: np.ndarray, steps: int = 3, epochs: int = 4, lr: float = 1e-3, batch: int = 2,
-                feature_weight: float = 0.1, holdout: float = 0.1, seed: int = 0, progress: bool = True):
-    """Trained weights (GGUF layout, float32) and a report with held-out top-1 agreement per draft step.
+                feature_weight: float = 0.1, holdout: float = 0.1, seed: int = 0, progress: bool = True,
+                kind: str = "eagle", features: list[np.ndarray] | None = None):
+    """Trained weights (float32) and a report with held-out top-1 agreement per draft step.
 
-    weights: the starting layer (layer_weights) plus fc_weight/fc_bias/no_feature; embeddings: the target's
-    [V, E] (tied output layer), frozen; subset: the output token ids.
+    kind "eagle" (EAGLE-1, GGUF layout): weights are the starting layer (layer_weights) plus fc_weight/fc_bias/
+    no_feature, the head reads the target's final states and approaches the next one (feature_weight). kind
+    "eagle3" (train/eagle3.py): weights as initial_eagle3 gives them, the head reads `features` (per sequence, the
+    target's three layer inputs at every position). embeddings: the target's [V, E] (tied output layer), frozen;
+    subset: the output token ids.
     """
     from edgespec.train.draft_model import start_head_training
 
     torch, rng, held, train_seqs = start_head_training(seqs, seed, holdout)
     subset_index = subset_positions(subset, embeddings.shape[0])
-    head = _torch_head(torch, weights, meta)
     output = torch.from_numpy(np.ascontiguousarray(embeddings[subset]))  # [S, E], frozen
+    if kind == "eagle3":
+        from edgespec.train.eagle3 import eagle3_batch, torch_head3
+
+        head = torch_head3(torch, weights, meta, output)
+        by_seq = {id(s): f for s, f in zip(seqs, features, strict=True)}
+    else:
+        head = _torch_head(torch, weights, meta)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
 
     def run(group):
-        feats, embs, real, valid, rows, hidden = _batch(torch, group, embeddings, head.p["no_feature"])
+        if kind == "eagle3":
+            feats, embs, real, valid, rows = eagle3_batch(torch, group, embeddings, [by_seq[id(s)] for s in group])
+            hidden = None
+        else:
+            feats, embs, real, valid, rows, hidden = _batch(torch, group, embeddings, head.p["no_feature"])
         outs = head(feats, embs, real, valid, steps)
         b_idx, t_idx, ids, probs, top1 = _targets(torch, group, rows, subset_index)
         n_prompt = np.array([s.n_prompt for s in group])[b_idx]
@@ -255,10 +281,10 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
         for s, g in enumerate(outs, start=1):
             ok = t_idx >= n_prompt - 3 + s  # the chain's last committed entry is at least the prompt's last
             gs = g[b_idx[ok], t_idx[ok]]  # [N, E]
-            logq = torch.log_softmax(gs @ output.T, dim=-1)  # [N, S]
+            logq = torch.log_softmax(head.logits(gs) if kind == "eagle3" else gs @ output.T, dim=-1)  # [N, S]
             inside = ids[ok] >= 0
             ce = -(probs[ok] * torch.where(inside, logq.gather(1, ids[ok].clamp(min=0)), 0)).sum(1).mean()
-            reg = torch.nn.functional.smooth_l1_loss(gs, hidden[b_idx[ok], t_idx[ok]])
+            reg = 0 if hidden is None else torch.nn.functional.smooth_l1_loss(gs, hidden[b_idx[ok], t_idx[ok]])
             losses.append(ce + feature_weight * reg)
             agree.append((logq.argmax(1).numpy() == top1[ok]).astype(float))
         return sum(losses) / len(losses), agree
@@ -272,9 +298,10 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
                     hits[s].append(agree[s])
         return [round(float(np.concatenate(h).mean()), 4) for h in hits]
 
-    report = {"kind": "eagle", "steps": steps, "subset": len(subset), "train_sequences": len(train_seqs),
+    report = {"kind": kind, "steps": steps, "subset": len(subset), "train_sequences": len(train_seqs),
               "held_out_sequences": len(held), "initial_agreement": evaluate(), "epochs": []}
-    say(progress, f"EAGLE head; held-out top-1 agreement per draft step before training: "
+    say(progress, f"{'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head; held-out top-1 agreement per draft step "
+                   "before training: "
                    f"{report['initial_agreement']}")
     by_length = sorted(range(len(train_seqs)), key=lambda i: len(train_seqs[i].tokens))  # little padding
     batches = [by_length[i:i + batch] for i in range(0, len(by_length), batch)]

@@ -106,11 +106,13 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
                 epochs: int = 2, max_tokens: int = 160, temperature: float = 0.0, seed: int = 0,
                 progress: bool = True, answerer: str | os.PathLike | None = None,
                 answer_draft: str | os.PathLike | None = None, also_corpora: list[str | os.PathLike] = (),
-                corpus_only: bool = False, **train_kwargs) -> dict:
+                corpus_only: bool = False, hf_target: str | os.PathLike | None = None, **train_kwargs) -> dict:
     """Corpus (with hidden states) from a GGUF target or an ONNX export, then Medusa heads or an EAGLE head:
     `edgespec train-heads`.
 
-    kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle).
+    kind "medusa" writes *.medusa.npz (n_heads heads); "eagle" writes *.eagle.npz (train_kwargs go to train_eagle);
+    "eagle3" writes an EAGLE-3 GGUF (and its SpecForge checkpoint beside), converted against hf_target, the
+    target's Hugging Face folder (train/eagle3.py).
     answerer: a faster model of the target's family writes the corpus's answers; answer_draft: the draft the
     answering model speculates with (see build_corpus). temperature: the corpus's answers are sampled (prompt i
     seeded with seed + i) rather than greedy; seed also seeds training. also_corpora: finished corpora of the
@@ -128,9 +130,14 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
 
         target = default_target()
     target, out = Path(target), Path(out)
-    suffix = {"medusa": HEADS_SUFFIX, "eagle": EAGLE_SUFFIX}.get(kind)
+    suffix = {"medusa": HEADS_SUFFIX, "eagle": EAGLE_SUFFIX, "eagle3": ".gguf"}.get(kind)
     if suffix is None:
-        raise EdgespecError(f"unknown kind of heads '{kind}': medusa or eagle")
+        raise EdgespecError(f"unknown kind of heads '{kind}': medusa, eagle or eagle3")
+    if kind == "eagle3" and (target.suffix.lower() != ".gguf" or hf_target is None
+                             or not (Path(hf_target) / "config.json").is_file()):
+        raise EdgespecError("an EAGLE-3 head is trained on a GGUF target and converted by llama.cpp's converter, "
+                            "which reads the target's Hugging Face folder: give --hf-target DIR (config.json, "
+                            "tokenizer; edgespec default-checkpoint rebuilds the default model's)")
     if target.suffix.lower() != ".gguf" and not target.is_dir():
         raise EdgespecError(f"{target}: heads are trained on the hidden states of a GGUF target (llama.cpp) or of an "
                             "ONNX export folder (edgespec export --to onnx adds them as an output)")
@@ -160,6 +167,11 @@ def train_heads(target: str | os.PathLike | None, out: str | os.PathLike, *, kin
         from edgespec.train.eagle import fit_eagle
 
         report = fit_eagle(target, seqs, out, meta, epochs=epochs, seed=seed, progress=progress, **train_kwargs)
+    elif kind == "eagle3":
+        from edgespec.train.eagle3 import fit_eagle3
+
+        report = fit_eagle3(target, hf_target, seqs, out, epochs=epochs, seed=seed, progress=progress,
+                            **train_kwargs)
     else:
         from edgespec.train.eagle import answer_subset
 

@@ -91,3 +91,58 @@ def test_a_drafted_token_follows_the_target_law_at_t1(default_gguf, head, first_
     observed.append(runs - sum(observed))
     p = stats.chisquare(observed, np.array(expected) * runs).pvalue
     assert (p < ALPHA) == broken, (p, observed)
+
+
+def test_the_training_graph_drafts_as_llama_cpp_does(default_gguf, smollm2_checkpoint, tmp_path):
+    """A head from train/eagle3 (the target's last layer, perturbed), converted by llama.cpp's converter and run
+    by drafts/eagle3.py: its first draft step's logits and a second step's (fed the next real token) equal the
+    training graph's at those entries, so what training optimises is what drafts."""
+    import torch
+
+    from edgespec.backends.llama.backend import LlamaBackend
+    from edgespec.drafts.eagle3 import Eagle3Drafter
+    from edgespec.drafts.heads import output_matrix
+    from edgespec.export.eagle3 import save_specforge
+    from edgespec.export.hf import read_config
+    from edgespec.train.eagle3 import NAMES, initial_eagle3, layer_features, torch_head3, unrope_rows
+
+    rng = np.random.default_rng(0)
+    weights, meta = initial_eagle3(default_gguf)
+    weights = {k: (v + rng.normal(0, 0.01, v.shape)).astype(np.float32) for k, v in weights.items()}
+    embeddings = output_matrix(default_gguf)
+    subset = np.sort(rng.choice(49152, 2048, replace=False))
+    named = {NAMES[k]: v for k, v in weights.items()}
+    named[NAMES["attn_q"]] = unrope_rows(weights["attn_q"], meta["n_head"])
+    named[NAMES["attn_k"]] = unrope_rows(weights["attn_k"], meta["n_head_kv"])
+    named["lm_head.weight"] = embeddings[subset]
+    folder = save_specforge(tmp_path / "head", named, target_config=read_config(smollm2_checkpoint), layers=LAYERS,
+                            draft_ids=subset)
+    gguf = convert_eagle3(folder, smollm2_checkpoint, tmp_path / "head.gguf", outtype="f32")
+
+    target = LlamaBackend(default_gguf, n_ctx=256, n_threads=2, sequences=1)
+    tokens = target.tokenize("Speculative decoding drafts tokens cheaply and checks them at once.", special=False)
+    target.close()
+    n = len(tokens)
+
+    class Seq:
+        pass
+
+    seq = Seq()
+    seq.tokens = np.array(tokens)
+    features = layer_features(default_gguf, [seq], LAYERS, progress=False)[0]  # [n - 1, 3E]
+    head = torch_head3(torch, weights, meta, torch.from_numpy(np.ascontiguousarray(embeddings[subset])))
+    valid = torch.ones(1, n - 1, dtype=torch.bool)
+    with torch.no_grad():
+        outs = head(torch.from_numpy(features.astype(np.float32))[None],
+                    torch.from_numpy(np.ascontiguousarray(embeddings[tokens[1:]]))[None], valid, valid, 2)
+        want = [head.logits(outs[0][0, n - 3]).numpy(), head.logits(outs[1][0, n - 2]).numpy()]
+
+    target = LlamaBackend(default_gguf, n_ctx=256, n_threads=2, sequences=1)
+    drafter = Eagle3Drafter(gguf, target)
+    target.forward(tokens[:n - 1], 1)
+    drafter._commit(tokens[:n - 1])
+    first = drafter.last[1]
+    second = drafter._entries([tokens[n - 1]], drafter.last[0][None], n - 2)[1]
+    for got, ref in ((first, want[0]), (second, want[1])):
+        assert np.abs(got - ref).max() < 2e-2 * max(1.0, np.abs(ref).max()), np.abs(got - ref).max()
+        assert np.argsort(got)[-5:].tolist() == np.argsort(ref)[-5:].tolist()

@@ -1,0 +1,49 @@
+"""The pieces of EAGLE-3 training that need no model (train/eagle3.py): the q/k row order undone exactly, the
+entries' features and target rows lined up as drafting reads them, and train-heads refusing an EAGLE-3 head it
+could not convert."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.train.eagle import rope_rows
+from edgespec.train.eagle3 import default_layers, eagle3_batch, unrope_rows
+from edgespec.train.heads import train_heads
+
+
+def test_the_gguf_row_order_is_undone_exactly():
+    w = np.random.default_rng(0).normal(size=(3 * 64, 2 * 576)).astype(np.float32)
+    assert np.array_equal(unrope_rows(rope_rows(w, 3), 3), w)
+    assert not np.array_equal(rope_rows(w, 3), w)
+
+
+def test_entry_p_reads_the_features_at_p_and_gives_the_law_of_token_p_plus_2():
+    torch = pytest.importorskip("torch")
+    tokens = np.array([5, 6, 7, 8, 9])  # 2 prompt tokens, 3 answer tokens: corpus rows for positions 1..3
+    seq = SimpleNamespace(tokens=tokens, n_prompt=2, lse=np.zeros(3))
+    features = np.arange(4 * 6, dtype=np.float16).reshape(4, 6)  # one row per entry, positions 0..3
+    embeddings = np.arange(10 * 2, dtype=np.float32).reshape(10, 2)
+    feats, embs, real, valid, rows = eagle3_batch(torch, [seq, SimpleNamespace(tokens=tokens[:3], n_prompt=2,
+                                                                               lse=np.zeros(1))],
+                                                  embeddings, [features, features[:2]])
+    assert feats.shape == (2, 4, 6) and torch.equal(feats[0], torch.from_numpy(features.astype(np.float32)))
+    assert torch.equal(embs[0], torch.from_numpy(embeddings[tokens[1:]]))  # entry P pairs token P + 1
+    assert rows[0].tolist() == [0, 1, 2, -1]  # entry 0 gives token 2's law (the first answer token's): row 0
+    assert rows[1].tolist() == [0, -1, -1, -1] and valid[1].tolist() == [True, True, False, False]
+    assert torch.equal(real, valid)
+
+
+def test_llama_cpp_s_default_layers():
+    assert default_layers(30) == [2, 15, 27]
+
+
+def test_an_eagle3_head_needs_a_gguf_target_and_its_hugging_face_folder(tmp_path):
+    target = tmp_path / "target.gguf"
+    target.write_bytes(b"GGUF")
+    with pytest.raises(EdgespecError, match="--hf-target DIR"):
+        train_heads(target, tmp_path / "head.gguf", kind="eagle3")
+    with pytest.raises(EdgespecError, match="--hf-target DIR"):
+        train_heads(target, tmp_path / "head.gguf", kind="eagle3", hf_target=tmp_path)  # no config.json
+    assert not (tmp_path / "head.gguf").exists() and not (tmp_path / "head.corpus").exists()
