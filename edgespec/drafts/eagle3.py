@@ -33,6 +33,8 @@ from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import Drafter, chain_with_siblings, head_chain_cost
 from edgespec.errors import EdgespecError
 
+PENDING = 64  # target rows kept for the encoder before it runs without a draft asking
+
 
 def head_ids(path: str | os.PathLike, n_vocab: int) -> np.ndarray | None:
     """The target ids an EAGLE-3 GGUF drafts (its d2t map, converted to absolute ids), None where it drafts the
@@ -95,6 +97,7 @@ class Eagle3Drafter(Drafter):
             ext("set_embeddings_nextn")(target._ctx, True, False)
         self.ids = head_ids(path, self.n_vocab)
         self.g = np.zeros((target.n_ctx + MAX_OUTPUTS, self.width), dtype=np.float32)  # g[P], pages as touched
+        self.pending: dict[int, np.ndarray] = {}  # position -> the target's features there, not encoded yet
         self.batch = ExtBatch(self._ctx)
         target.on_pass = self._read_target
         self.name = f"eagle3:{path.name}"
@@ -121,14 +124,26 @@ class Eagle3Drafter(Drafter):
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # pre-norm state and logits of the newest entry
 
     def _read_target(self, positions: list[int]) -> None:
-        """After a target pass: its rows' features through the head's encoder, into g at their positions."""
+        """After a target pass: its rows' features, kept by position until the head's encoder reads them (in
+        _encode, when the head drafts, or once PENDING have gathered): a pass the head drafts nothing after costs
+        a copy of its rows, not an encoder call."""
         n = len(positions)
         rows = self.inputs.read(n)  # [len(inputs), n, E]
         if len(self.inputs.layers) < 3:
             rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
-        features = np.ascontiguousarray(rows.transpose(1, 0, 2).reshape(n, -1))  # [n, 3E], layers in file order
+        features = rows.transpose(1, 0, 2).reshape(n, -1)  # [n, 3E], layers in file order
+        self.pending.update(zip(positions, features, strict=True))
+        if len(self.pending) >= PENDING:
+            self._encode()
+
+    def _encode(self) -> None:
+        """The pending features through the head's encoder, into g at their positions."""
+        if not self.pending:
+            return
+        positions = sorted(self.pending)
+        features = np.stack([self.pending.pop(pos) for pos in positions]).astype(np.float32)  # [n, 3E]
         lib = _lib()
-        for start in range(0, n, self.n_batch):
+        for start in range(0, len(positions), self.n_batch):
             chunk = features[start:start + self.n_batch]
             after = lib.llama_memory_seq_pos_max(self._mem, 0) + 1  # the encoder reads no position; llama.cpp
             for j, row in enumerate(chunk):  # checks them against the head's cache all the same
@@ -161,6 +176,7 @@ class Eagle3Drafter(Drafter):
             done = 0
         last = len(context) - 1
         if done < last:
+            self._encode()
             _lib().llama_memory_seq_rm(self._mem, 0, done, -1)
             self.last = self._entries(context[done + 1:last + 1], self.g[done:last], done)
         self.context = list(context)
