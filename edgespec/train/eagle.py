@@ -245,32 +245,26 @@ def _targets(torch, seqs: list[Sequence], rows: np.ndarray, subset_index: np.nda
 def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str, np.ndarray], meta: dict, *,
                 subset: np.ndarray, steps: int = 3, epochs: int = 4, lr: float = 1e-3, batch: int = 2,
                 feature_weight: float = 0.1, holdout: float = 0.1, seed: int = 0, progress: bool = True,
-                kind: str = "eagle", features: list[np.ndarray] | None = None):
+                kind: str = "eagle", make_head=None, make_batch=None):
     """Trained weights (float32) and a report with held-out top-1 agreement per draft step.
 
-    kind "eagle" (EAGLE-1, GGUF layout): weights are the starting layer (layer_weights) plus fc_weight/fc_bias/
-    no_feature, the head reads the target's final states and approaches the next one (feature_weight). kind
-    "eagle3" (train/eagle3.py): weights as initial_eagle3 gives them, the head reads `features` (per sequence, the
-    target's three layer inputs at every position). embeddings: the target's [V, E] (tied output layer), frozen;
-    subset: the output token ids.
+    EAGLE-1 (GGUF layout): weights are the starting layer (layer_weights) plus fc_weight/fc_bias/no_feature, the
+    head reads the target's final states and approaches the next one (feature_weight). Another kind of head
+    (train/eagle3.py) brings make_head(torch, output) -> a module with .p (its parameters), forward as replay_chain's
+    and logits(outputs), and make_batch(torch, sequences) -> (features, embeddings, real, valid, rows); kind names
+    it in the report. embeddings: the target's [V, E] (tied output layer), frozen; subset: the output token ids.
     """
     from edgespec.train.draft_model import start_head_training
 
     torch, rng, held, train_seqs = start_head_training(seqs, seed, holdout)
     subset_index = subset_positions(subset, embeddings.shape[0])
     output = torch.from_numpy(np.ascontiguousarray(embeddings[subset]))  # [S, E], frozen
-    if kind == "eagle3":
-        from edgespec.train.eagle3 import eagle3_batch, torch_head3
-
-        head = torch_head3(torch, weights, meta, output)
-        by_seq = {id(s): f for s, f in zip(seqs, features, strict=True)}
-    else:
-        head = _torch_head(torch, weights, meta)
+    head = make_head(torch, output) if make_head else _torch_head(torch, weights, meta)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
 
     def run(group):
-        if kind == "eagle3":
-            feats, embs, real, valid, rows = eagle3_batch(torch, group, embeddings, [by_seq[id(s)] for s in group])
+        if make_batch:
+            feats, embs, real, valid, rows = make_batch(torch, group)
             hidden = None
         else:
             feats, embs, real, valid, rows, hidden = _batch(torch, group, embeddings, head.p["no_feature"])
@@ -281,7 +275,7 @@ def train_eagle(seqs: list[Sequence], embeddings: np.ndarray, weights: dict[str,
         for s, g in enumerate(outs, start=1):
             ok = t_idx >= n_prompt - 3 + s  # the chain's last committed entry is at least the prompt's last
             gs = g[b_idx[ok], t_idx[ok]]  # [N, E]
-            logq = torch.log_softmax(head.logits(gs) if kind == "eagle3" else gs @ output.T, dim=-1)  # [N, S]
+            logq = torch.log_softmax(head.logits(gs) if make_head else gs @ output.T, dim=-1)  # [N, S]
             inside = ids[ok] >= 0
             ce = -(probs[ok] * torch.where(inside, logq.gather(1, ids[ok].clamp(min=0)), 0)).sum(1).mean()
             reg = 0 if hidden is None else torch.nn.functional.smooth_l1_loss(gs, hidden[b_idx[ok], t_idx[ok]])

@@ -24,6 +24,7 @@ import numpy as np
 
 from edgespec.progress import say
 from edgespec.train.corpus import Sequence
+from edgespec.train.eagle import SUBSET_SIZE, answer_subset, layer_weights, replay_chain, train_eagle
 
 NAMES = {  # GGUF-layout name here -> the SpecForge checkpoint's
     "fc": "fc.weight", "attn_norm": "midlayer.input_layernorm.weight", "hidden_norm": "midlayer.hidden_norm.weight",
@@ -74,8 +75,6 @@ def layer_features(target: str | os.PathLike, seqs: list[Sequence], layers: list
 
 def initial_eagle3(target: str | os.PathLike, layer: int = -1) -> tuple[dict[str, np.ndarray], dict]:
     """Weights to start training from (module docstring) and the attention shape, from a GGUF target."""
-    from edgespec.train.eagle import layer_weights
-
     w, meta = layer_weights(target, layer)
     width = w["attn_norm"].shape[0]
     weights = {name: w[name] for name in ("attn_norm", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
@@ -90,7 +89,6 @@ def initial_eagle3(target: str | os.PathLike, layer: int = -1) -> tuple[dict[str
 def torch_head3(torch, weights: dict[str, np.ndarray], meta: dict, output):
     """The head as a torch module: forward(features [B, T, 3E], ...) -> pre-norm outputs per draft step (replay_chain),
     logits(pre-norm [N, E]) -> [N, S]; output [S, E]: lm_head, frozen."""
-    from edgespec.train.eagle import replay_chain
 
     nn, F = torch.nn, torch.nn.functional
 
@@ -172,7 +170,6 @@ def fit_eagle3(target: str | os.PathLike, hf_target: str | os.PathLike, seqs: li
     from edgespec.drafts.heads import output_matrix
     from edgespec.export.eagle3 import convert_eagle3, save_specforge
     from edgespec.export.hf import read_config
-    from edgespec.train.eagle import SUBSET_SIZE, answer_subset, train_eagle
 
     out = Path(out)
     config = read_config(Path(hf_target))
@@ -182,8 +179,12 @@ def fit_eagle3(target: str | os.PathLike, hf_target: str | os.PathLike, seqs: li
     subset = answer_subset(seqs, embeddings.shape[0], subset_size or SUBSET_SIZE)
     weights, meta = initial_eagle3(target)
     features = layer_features(target, seqs, layers, progress=progress)
-    trained, report = train_eagle(seqs, embeddings, weights, meta, subset=subset, kind="eagle3", features=features,
-                                  feature_weight=0.0, progress=progress, **train_kwargs)
+    by_seq = {id(s): f for s, f in zip(seqs, features, strict=True)}
+    trained, report = train_eagle(
+        seqs, embeddings, weights, meta, subset=subset, kind="eagle3", feature_weight=0.0, progress=progress,
+        make_head=lambda torch, output: torch_head3(torch, weights, meta, output),
+        make_batch=lambda torch, group: eagle3_batch(torch, group, embeddings, [by_seq[id(s)] for s in group]),
+        **train_kwargs)
     named = {NAMES[k]: v for k, v in trained.items()}
     for name, heads in (("attn_q", meta["n_head"]), ("attn_k", meta["n_head_kv"])):
         named[NAMES[name]] = unrope_rows(trained[name], heads)

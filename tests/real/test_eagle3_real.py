@@ -146,3 +146,23 @@ def test_the_training_graph_drafts_as_llama_cpp_does(default_gguf, smollm2_check
     for got, ref in ((first, want[0]), (second, want[1])):
         assert np.abs(got - ref).max() < 2e-2 * max(1.0, np.abs(ref).max()), np.abs(got - ref).max()
         assert np.argsort(got)[-5:].tolist() == np.argsort(ref)[-5:].tolist()
+
+
+def test_train_heads_writes_an_eagle3_gguf_that_drafts(default_gguf, smollm2_checkpoint, tmp_path):
+    """train-heads --kind eagle3 end to end on four prompts: corpus, layer inputs, one epoch, the SpecForge
+    checkpoint and its GGUF; the GGUF drafts for the target with greedy text equal to target-only."""
+    from edgespec.train.heads import train_heads
+
+    prompts = [{"cat": "chat", "prompt": p} for p in ("Name a colour.", "Say hello.", "Count to five.", "Why?")]
+    out = tmp_path / "head.gguf"
+    summary = train_heads(default_gguf, out, kind="eagle3", hf_target=smollm2_checkpoint, prompts=prompts,
+                          epochs=1, max_tokens=16, progress=False, steps=2)
+    assert summary["kind"] == "eagle3" and summary["training"]["kind"] == "eagle3"
+    assert len(summary["training"]["epochs"][0]["held_out_agreement"]) == 2
+    assert (tmp_path / "head.specforge" / "model.safetensors").is_file()
+    assert gguf_meta(out)["eagle3.target_layers"] == [2, 15, 27]
+    spec = edgespec.load(default_gguf, str(out), n_ctx=256)
+    plain = edgespec.load(default_gguf, None, n_ctx=256)
+    a = spec.generate("Name a colour.", max_tokens=16, temperature=0, draft_max=2)
+    assert a.tokens == plain.generate("Name a colour.", max_tokens=16, temperature=0, draft_max=0).tokens
+    assert a.stats.drafted > 0
