@@ -245,6 +245,8 @@ class Engine:
         return self.target.keep_states(cache)
 
     def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()  # an EAGLE-3 head's context reads the target's: it goes first
         for backend in (self.target, self.draft_backend):
             if backend is not None:
                 backend.close()

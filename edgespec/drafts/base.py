@@ -76,6 +76,9 @@ class Drafter:
     def ahead(self, context: list[int]) -> None:
         """The next round will read `context`: a chance to prepare while the target's pass computes."""
 
+    def close(self) -> None:
+        """Free what the drafter holds itself (llama.cpp contexts beside the target's); before the target closes."""
+
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -376,6 +379,9 @@ class LookupFirstDrafter(Drafter):
 
     def observe_target(self, target, n_accepted: int, position: int) -> None:
         self.inner.observe_target(target, n_accepted, position)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def draw(row_law: Law, rng: np.random.Generator) -> int:
