@@ -118,6 +118,25 @@ def subset_positions(subset: np.ndarray, n_vocab: int) -> np.ndarray:
     return index
 
 
+def torch_rms_norm(x, w, eps: float):
+    """RMSNorm in torch, as llama.cpp's."""
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def torch_rope(x, pos, base: float):
+    """Rotary embedding of x [B, T, H, D] at positions pos [T] (float64), adjacent pairs: ggml's mode for Llama on
+    GGUF-ordered q/k rows, as drafts/eagle.rope."""
+    import torch
+
+    d = x.shape[-1]
+    angles = pos[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cos(angles).float()[None, :, None], torch.sin(angles).float()[None, :, None]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
 def replay_chain(head, features, embeddings, real, valid, steps):
     """Training-time test for a one-layer head with its own cache (EAGLE-1 and EAGLE-3): the head's output per
     draft step, each [B, T, E]. Step 1 reads `features` [B, T, E] at every entry; step s reads, where `real`
@@ -157,26 +176,32 @@ def replay_chain(head, features, embeddings, real, valid, steps):
     return outs
 
 
-def _torch_head(torch, weights: dict[str, np.ndarray], meta: dict):
-    nn, F = torch.nn, torch.nn.functional
+def torch_head_base(torch, weights: dict[str, np.ndarray], meta: dict):
+    """The base of the one-layer heads' torch modules: their weights as parameters (p, float32), the attention
+    shape, and RMSNorm and RoPE as llama.cpp computes them."""
+    nn = torch.nn
 
-    class Head(nn.Module):
+    class HeadBase(nn.Module):
         def __init__(self):
             super().__init__()
-            self.p = nn.ParameterDict({k: nn.Parameter(torch.from_numpy(v.copy())) for k, v in weights.items()})
+            self.p = nn.ParameterDict({k: nn.Parameter(torch.from_numpy(np.array(v, dtype=np.float32)))
+                                       for k, v in weights.items()})
             self.n_head, self.n_head_kv = meta["n_head"], meta["n_head_kv"]
             self.eps, self.base = meta["eps"], meta["rope_base"]
 
         def norm(self, x, w):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+            return torch_rms_norm(x, w, self.eps)
 
-        def rope(self, x, pos):  # x [B, T, H, D], pos [T]; adjacent pairs, as drafts/eagle.rope
-            d = x.shape[-1]
-            angles = pos[:, None] * self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-            cos, sin = torch.cos(angles).float()[None, :, None], torch.sin(angles).float()[None, :, None]
-            even, odd = x[..., 0::2], x[..., 1::2]
-            return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+        def rope(self, x, pos):
+            return torch_rope(x, pos, self.base)
 
+    return HeadBase
+
+
+def _torch_head(torch, weights: dict[str, np.ndarray], meta: dict):
+    F = torch.nn.functional
+
+    class Head(torch_head_base(torch, weights, meta)):
         def entry(self, features, embeddings, pos):
             """z, q, k, v for entries [B, T] at positions pos [T]."""
             p, (b, t, e) = self.p, features.shape

@@ -24,7 +24,7 @@ import numpy as np
 
 from edgespec.progress import say
 from edgespec.train.corpus import Sequence
-from edgespec.train.eagle import SUBSET_SIZE, answer_subset, layer_weights, replay_chain, train_eagle
+from edgespec.train.eagle import SUBSET_SIZE, answer_subset, layer_weights, replay_chain, torch_head_base, train_eagle
 
 NAMES = {  # GGUF-layout name here -> the SpecForge checkpoint's
     "fc": "fc.weight", "attn_norm": "midlayer.input_layernorm.weight", "hidden_norm": "midlayer.hidden_norm.weight",
@@ -90,26 +90,12 @@ def torch_head3(torch, weights: dict[str, np.ndarray], meta: dict, output):
     """The head as a torch module: forward(features [B, T, 3E], ...) -> pre-norm outputs per draft step (replay_chain),
     logits(pre-norm [N, E]) -> [N, S]; output [S, E]: lm_head, frozen."""
 
-    nn, F = torch.nn, torch.nn.functional
+    F = torch.nn.functional
 
-    class Head3(nn.Module):
+    class Head3(torch_head_base(torch, weights, meta)):
         def __init__(self):
             super().__init__()
-            self.p = nn.ParameterDict({k: nn.Parameter(torch.from_numpy(v.astype(np.float32)))
-                                       for k, v in weights.items()})
             self.register_buffer("output", output)
-            self.n_head, self.n_head_kv = meta["n_head"], meta["n_head_kv"]
-            self.eps, self.base = meta["eps"], meta["rope_base"]
-
-        def norm(self, x, w):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
-
-        def rope(self, x, pos):  # x [B, T, H, D]; adjacent pairs (GGUF layout)
-            d = x.shape[-1]
-            angles = pos[:, None] * self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-            cos, sin = torch.cos(angles).float()[None, :, None], torch.sin(angles).float()[None, :, None]
-            even, odd = x[..., 0::2], x[..., 1::2]
-            return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
         def entry(self, g, embeddings, pos):
             p, (b, t, _) = self.p, g.shape
