@@ -16,7 +16,11 @@ ends a chain where the head is unsure (gated).
 
 The head's cache holds entries for the committed text; a proposal's steps are removed after it. Where a position's
 target rows were never computed here (a prompt restored from a saved state), its g row is zeros: drafts there are
-worse, never wrong.
+worse, never wrong. One stream: the target feeds one drafter (LlamaBackend.on_pass).
+
+What a drafting round costs besides its steps, and the controller does not price yet: an encoder call over the
+target's rows since the last round, and two decoder calls for the entries committed since (the last alone, see
+_entries).
 """
 
 from __future__ import annotations
