@@ -34,7 +34,6 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -59,11 +58,9 @@ def llama_bin(given: str | None) -> Path:
     print(f"building llama-server from llama-cpp-python {version}'s llama.cpp into {cache} (about 5 minutes on "
           "2 cores)", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-                        f"llama-cpp-python=={version}"], check=True, stdout=subprocess.DEVNULL)
-        with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as sdist:
-            sdist.extractall(tmp, filter="data")
-        source = next(Path(tmp).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+        from edgespec.export.eagle3 import vendored_llama_cpp
+
+        source = vendored_llama_cpp(Path(tmp))
         build = Path(tmp) / "build"
         subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", *FLAGS], check=True,
                        stdout=subprocess.DEVNULL)

@@ -31,6 +31,20 @@ CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")  # what con
 SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
 
 
+def vendored_llama_cpp(into: Path) -> Path:
+    """The llama.cpp tree that the installed llama-cpp-python vendors, from its sdist (pip download) extracted under
+    `into`: for its converter here, for llama-server in benchmarks/vs_llama_cpp.py."""
+    version = importlib.metadata.version("llama-cpp-python")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
+                           str(into), f"llama-cpp-python=={version}"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise EdgespecError(f"could not download the llama-cpp-python {version} sdist (its llama.cpp): "
+                            f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    with tarfile.open(next(into.glob("*.tar.gz"))) as sdist:
+        sdist.extractall(into, filter="data")
+    return next(into.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+
+
 def llama_source() -> Path:
     """A folder holding the pinned llama.cpp's converter (CONVERTER_PARTS), taken from llama-cpp-python's sdist."""
     version = importlib.metadata.version("llama-cpp-python")
@@ -39,14 +53,7 @@ def llama_source() -> Path:
         return root
     print(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist into {root}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
-                               tmp, f"llama-cpp-python=={version}"], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise EdgespecError(f"could not download the llama-cpp-python {version} sdist (its converter): "
-                                f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
-        with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as sdist:
-            sdist.extractall(tmp, filter="data")
-        vendor = next(Path(tmp).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+        vendor = vendored_llama_cpp(Path(tmp))
         partial = root.with_name(root.name + ".partial")
         partial.mkdir(parents=True, exist_ok=True)
         for part in CONVERTER_PARTS:
