@@ -328,7 +328,8 @@ def open_engine(run: Run) -> Engine:
     controller built from them."""
     draft = run.pair.draft
     target_backend = open_model(run.pair.target, n_ctx=run.n_ctx, threads=run.threads, provider=run.provider,
-                                hidden=run.hidden, spin=run.spin, **run.target_settings.as_kwargs())
+                                hidden=run.hidden, spin=run.spin, load_mtp=draft.inner.kind == "mtp",
+                                **run.target_settings.as_kwargs())
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=run.draft_window,
                                                           threads=run.threads, provider=run.provider,

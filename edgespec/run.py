@@ -99,6 +99,8 @@ def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.Pat
         from edgespec.drafts.heads import medusa_bytes
 
         heads_bytes = medusa_bytes(spec.source, target_info.n_vocab, target_info.n_embd)
+    elif spec.kind == "mtp":  # its weights are the target file's, its cache one of the target's block_count layers
+        heads_bytes = 0
     draft_info = read_model_info(spec.source) if spec.kind == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)

@@ -26,10 +26,10 @@ def choose_draft(target: str | os.PathLike | None) -> dict:
     """What "auto" stands for with this target, and why: {"draft", "reason"}, and "path" for a draft model.
 
     A target by hub name (org/repo:QUANT): a smaller GGUF with its vocabulary or that padded, cached or catalogued
-    (models/draft_search.find_draft), else prompt lookup. A file or folder: prompt lookup, with the shipped EAGLE
-    head behind it on an ONNX export that returns hidden states and shares the head's vocabulary and width. A hub
-    target's choice is made once per process (and hub cache), so a CLI that resolves "auto" before loading reports
-    the same.
+    (models/draft_search.find_draft), else prompt lookup. A GGUF file carrying an MTP layer edgespec drives: that
+    layer ("mtp"). Another file or folder: prompt lookup, with the shipped EAGLE head behind it on an ONNX export
+    that returns hidden states and shares the head's vocabulary and width. A hub target's choice is made once per
+    process (and hub cache), so a CLI that resolves "auto" before loading reports the same.
     """
     from edgespec.models import hub
 
@@ -39,6 +39,8 @@ def choose_draft(target: str | os.PathLike | None) -> dict:
         target = default_target()
     if hub.is_hub_name(str(target)):
         return dict(_hub_draft(str(target), hub.cache_dir(), hub.offline()))
+    if _mtp_runs(target):
+        return {"draft": "mtp", "reason": "the MTP layer this target's GGUF carries, trained with it (drafts/mtp.py)"}
     if _eagle_fits(target):
         return {"draft": f"{LOOKUP_FIRST}eagle", "reason": "prompt lookup, then the EAGLE head shipped for this "
                 "export's model, which bench measured faster there (docs/drafts.md)"}
@@ -51,6 +53,19 @@ def _hub_draft(target: str, cache: str, offline: bool) -> dict:
 
     found, why = find_draft(target)
     return found or {"draft": "ngram", "reason": f"prompt lookup: {why}"}
+
+
+def _mtp_runs(target: str | os.PathLike) -> bool:
+    """True for a GGUF file whose MTP layer --draft mtp drives (drafts/llama_kinds.check_mtp). Reads its header."""
+    from edgespec.drafts.llama_kinds import check_mtp
+
+    if not (str(target).lower().endswith(".gguf") and Path(target).is_file()):
+        return False
+    try:
+        check_mtp(target)
+    except EdgespecError:
+        return False
+    return True
 
 
 def _eagle_fits(target: str | os.PathLike) -> bool:

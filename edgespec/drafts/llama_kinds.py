@@ -6,9 +6,9 @@ Users download drafts that are not small models of the target's family: EAGLE-3 
 (`ARCH.nextn_predict_layers` > 0: Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). The pinned llama.cpp holds the graphs
 for all three; they run only beside the target's context (an EAGLE-3 head without embeddings of its own cannot
 make a context alone; docs/llama-drafts.md: how llama.cpp drives them). EAGLE-3 heads draft through
-drafts/eagle3.py where they fit the target; the others, and a head converted for another target, get an error
-saying what the file is and what runs instead, where llama.cpp would fail later with "could not create a
-context".
+drafts/eagle3.py where they fit the target, MTP layers through drafts/mtp.py (`--draft mtp`); DFlash, and a head
+converted for another target, get an error saying what the file is and what runs instead, where llama.cpp would
+fail later with "could not create a context".
 """
 
 from __future__ import annotations
@@ -79,9 +79,17 @@ def mtp_layers(target: str | os.PathLike) -> tuple[str, int]:
     return arch, int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
 
 
+# the architectures whose MTP layers the pinned llama.cpp builds a draft graph for (LLM_GRAPH_TYPE_DECODER_MTP);
+# glm4 and exaone4 carry nextn layers it keeps but does not run. qwen35 is the one tested here (random weights:
+# models/random_mtp.py); the others are driven the same way by llama-server.
+MTP_ARCHS = ("qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32",
+             "deepseek4", "mimo2", "bailingmoe3", "cohere2moe", "hy_v3", "nemotron_h_moe", "step35")
+
+
 def check_mtp(target: str | os.PathLike) -> None:
-    """The error `--draft mtp` gets: the target has no MTP layers (naming its architecture), or it has them and
-    edgespec does not drive them yet."""
+    """The error `--draft mtp` gets where the target cannot draft with MTP layers: not a GGUF, no MTP layers
+    (naming its architecture), several (step35's chained heads: not driven), or an architecture whose layers
+    llama.cpp keeps but does not run."""
     if not str(target).lower().endswith(".gguf"):
         raise EdgespecError(f"--draft mtp uses MTP layers inside a target's GGUF; {target} is not a GGUF file")
     arch, n = mtp_layers(target)
@@ -90,8 +98,10 @@ def check_mtp(target: str | os.PathLike) -> None:
         raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries no MTP layers "
                             f"({arch}.nextn_predict_layers is absent or 0); MTP layers ship inside GGUFs of models "
                             f"trained with them (Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). Run instead: {INSTEAD}")
-    raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries {n} MTP layer"
-                        f"{'s' * (n > 1)}, which edgespec does not drive yet. Run instead: {INSTEAD}")
+    if arch not in MTP_ARCHS or n > 1:
+        why = f"{n} chained MTP layers" if n > 1 else f"MTP layers llama.cpp keeps for {arch} but does not run"
+        raise EdgespecError(f"--draft mtp: the target {name} (architecture {arch}) carries {why}; edgespec drives "
+                            f"one MTP layer of {', '.join(MTP_ARCHS)}. Run instead: {INSTEAD}")
 
 
 def is_eagle3(path: str | os.PathLike) -> bool:

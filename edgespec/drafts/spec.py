@@ -1,7 +1,8 @@
 """What a `--draft` names, parsed once into a DraftSpec: no draft, prompt lookup, a draft model, Medusa or EAGLE
-heads, each of the last three optionally behind prompt lookup ("ngram+DRAFT": lookup where the text repeats
-itself, DRAFT elsewhere). Parsing reads no file; `resolved` turns the names a user may write for a file (a
-shipped draft such as "eagle", a hub name org/repo:QUANT) into the file, downloading a hub model if need be.
+heads, the target's own MTP layer ("mtp"), each of the last four optionally behind prompt lookup ("ngram+DRAFT":
+lookup where the text repeats itself, DRAFT elsewhere). Parsing reads no file; `resolved` turns the names a user
+may write for a file (a shipped draft such as "eagle", a hub name org/repo:QUANT) into the file, downloading a hub
+model if need be.
 "auto" is not a spec: load decides what it stands for with a target first (api.choose_draft).
 """
 
@@ -16,7 +17,7 @@ from edgespec.drafts.heads import HEADS_SUFFIX
 from edgespec.errors import EdgespecError
 
 LOOKUP_FIRST = "ngram+"
-KINDS = ("none", "lookup", "model", "medusa", "eagle")
+KINDS = ("none", "lookup", "model", "medusa", "eagle", "mtp")  # mtp: the target's own MTP layers
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class DraftSpec:
     def family(self) -> str:
         """What the planner and the simulator price: "none", "lookup", "model" or "heads" (EAGLE and Medusa); with
         prompt lookup in front, the draft behind it (it is what holds memory and costs a step)."""
-        return "heads" if self.heads else self.kind
+        return "heads" if self.heads or self.kind == "mtp" else self.kind
 
     @property
     def inner(self) -> DraftSpec:
@@ -44,7 +45,7 @@ class DraftSpec:
     @property
     def needs_memory(self) -> bool:
         """Whether the draft holds weights of its own (a model or heads)."""
-        return self.kind in ("model", "medusa", "eagle")
+        return self.kind in ("model", "medusa", "eagle", "mtp")
 
     def resolved(self) -> DraftSpec:
         """The spec with a shipped draft's name or a hub name replaced by its file (a hub model is downloaded
@@ -60,7 +61,7 @@ class DraftSpec:
 
     def __str__(self) -> str:
         """The spec as a user writes it."""
-        text = {"none": "none", "lookup": "ngram"}.get(self.kind, self.source)
+        text = {"none": "none", "lookup": "ngram", "mtp": "mtp"}.get(self.kind, self.source)
         return LOOKUP_FIRST + text if self.lookup_first else text
 
 
@@ -81,6 +82,8 @@ def parse_draft(draft: str | os.PathLike | DraftSpec | None) -> DraftSpec:
         return DraftSpec("none")
     if inner == "ngram":
         return DraftSpec("lookup")
+    if inner == "mtp":
+        return DraftSpec("mtp", lookup_first=lookup_first)
     name = inner if inner not in SHIPPED_DRAFTS else SHIPPED_DRAFTS[inner]
     kind = "medusa" if name.endswith(HEADS_SUFFIX) else "eagle" if name.endswith(EAGLE_SUFFIX) else "model"
     return DraftSpec(kind, inner, lookup_first)
@@ -116,6 +119,11 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
         from edgespec.drafts.heads import MedusaDrafter
 
         drafter = MedusaDrafter(spec.source, target)
+        return drafter, None, drafter.measure_cost()
+    if spec.kind == "mtp":  # the target was opened with its MTP layers (api.open_engine)
+        from edgespec.drafts.mtp import MtpDrafter
+
+        drafter = MtpDrafter(target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
     if is_eagle3(spec.source):  # an EAGLE-3 head in llama.cpp's format (pair.resolve_pair checked it fits)
         from edgespec.drafts.eagle3 import Eagle3Drafter

@@ -71,8 +71,13 @@ def test_draft_mtp_names_the_targets_architecture(tmp_path, target):
         resolve_pair(target, "mtp")
     with_mtp = write(tmp_path / "qwen.gguf", "qwen35", embedding_length=576, nextn_predict_layers=1)
     assert mtp_layers(with_mtp) == ("qwen35", 1)
-    with pytest.raises(EdgespecError, match="qwen.gguf \\(architecture qwen35\\) carries 1 MTP layer, which"):
-        resolve_pair(with_mtp, "mtp")
+    assert resolve_pair(with_mtp, "mtp").draft.kind == "mtp"  # drafts/mtp.py drives it
+    chained = write(tmp_path / "step.gguf", "step35", embedding_length=576, nextn_predict_layers=3)
+    with pytest.raises(EdgespecError, match="step.gguf \\(architecture step35\\) carries 3 chained MTP layers"):
+        resolve_pair(chained, "mtp")
+    kept = write(tmp_path / "glm.gguf", "glm4", embedding_length=576, nextn_predict_layers=1)
+    with pytest.raises(EdgespecError, match="MTP layers llama.cpp keeps for glm4 but does not run"):
+        resolve_pair(kept, "mtp")
     with pytest.raises(EdgespecError, match="not a GGUF file"):
         resolve_pair(tmp_path, "mtp")
 

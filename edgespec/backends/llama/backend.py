@@ -34,7 +34,7 @@ class LlamaBackend(LlamaHandles, Backend):
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
                  sequences: int = MAX_OUTPUTS, overlap: bool | None = None, outputs: int = MAX_OUTPUTS,
-                 unified: bool | None = None):
+                 unified: bool | None = None, load_mtp: bool = False):
         """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
         each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
         prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
@@ -44,7 +44,11 @@ class LlamaBackend(LlamaHandles, Backend):
         shares the cells of the nodes above it); with a pool each (n_ctx / sequences cells, llama-server's slots'
         layout) a row's attention reads its own sequence's cells only, not every sequence's, but llama.cpp splits
         a decode into one pass per run of consecutive sequences with as many tokens each (streams.py orders a
-        joined decode by sequence and fills the idle sequences between)."""
+        joined decode by sequence and fills the idle sequences between). load_mtp: load the MTP ("nextn") layers
+        the GGUF carries (llama.cpp skips them otherwise), for --draft mtp (drafts/mtp.py).
+
+        A model with recurrent layers (Qwen3.5's gated delta nets) keeps MAX_OUTPUTS snapshots of their state per
+        sequence (llama.cpp's n_rs_seq), so that a verify pass can be rolled back as an attention cache is."""
         path = check_gguf_file(path)
         if not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
@@ -55,10 +59,12 @@ class LlamaBackend(LlamaHandles, Backend):
         self.path = path
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
+        mparams.load_mtp = self.load_mtp = load_mtp
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise EdgespecError(f"llama.cpp could not load {path}: the GGUF is corrupt, truncated or "
                                 "of an architecture this llama.cpp build does not know")
+        self.recurrent = bool(lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model))
         n_threads = n_threads or min(os.cpu_count() or 1, 8)
         cparams = lib.llama_context_default_params()
         n_ctx_train = lib.llama_model_n_ctx_train(self._model)
@@ -71,6 +77,7 @@ class LlamaBackend(LlamaHandles, Backend):
         cparams.n_seq_max = sequences
         self.unified = cparams.kv_unified = sequences > 1 if unified is None else unified
         cparams.n_outputs_max = outputs  # rows of logits a decode may return (streams.py joins several passes)
+        cparams.n_rs_seq = MAX_OUTPUTS if self.recurrent else 0  # a verify pass's rows, each one a snapshot
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
         # hidden: llama.cpp also returns the final (normed) hidden state of every row with logits,
@@ -426,7 +433,16 @@ class LlamaBackend(LlamaHandles, Backend):
         self._drop_branches()  # a tree no branch was kept from
         del self._pending[max(n_past - (len(self.tokens) - len(self._pending)), 0):]
         if not _lib().llama_memory_seq_rm(self._mem, 0, n_past, -1):
-            raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
+            if not self.recurrent:
+                raise RuntimeError(f"llama_memory_seq_rm refused to truncate {self.name} to {n_past}")
+            # further back than the recurrent layers' snapshots reach (a new prompt sharing a prefix): the prefix
+            # is computed again
+            keep = self.tokens[:n_past]
+            _lib().llama_memory_seq_rm(self._mem, 0, -1, -1)
+            self.tokens, self._pending = [], []
+            if keep:
+                self.forward(keep, 0)
+            return
         del self.tokens[n_past:]
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:

@@ -1,0 +1,142 @@
+"""The drafting half that EAGLE-3 heads and MTP layers share: a one-layer decoder inside llama.cpp, beside the
+target's context, fed the target's states.
+
+Both read, for each committed position P, a row g[P] made from the target's pass over P (an EAGLE-3 head's
+encoder output from three of its layers, drafts/eagle3.py; an MTP layer's, the target's last state, drafts/mtp.py)
+and write a decoder entry (token P + 1, g[P]) at position P, whose logits are the law of token P + 2. Drafting goes
+on from the decoder's own state: the next entry pairs the drafted token with the pre-norm output ("nextn" row) of
+the entry before. This is what llama-server's `--spec-type draft-eagle3` and `draft-mtp` do
+(common/speculative.cpp; docs/llama-drafts.md).
+
+What differs from llama-server: the decoder's row is a law, not a top-1 guess, judged by edgespec's rejection rule
+(a reduced vocabulary, an EAGLE-3 head's d2t map, is a draft with mass 0 outside its ids, `ids`): the output is the
+target's law at every temperature. The controller chooses how far to draft and ends a chain where the head is
+unsure (gated).
+
+The decoder's cache holds entries for the committed text; a proposal's steps are removed after it. Where a
+position's target rows were never computed here (a prompt restored from a saved state), its g row is zeros: drafts
+there are worse, never wrong. One stream: the target feeds one drafter (LlamaBackend.on_pass).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.backends.llama.ext import DECODE, ExtBatch, ext, nextn_rows
+from edgespec.backends.llama.lib import lib as _lib
+from edgespec.backends.protocol import MAX_OUTPUTS
+from edgespec.drafts.base import Drafter, chain_with_siblings, head_chain_cost
+
+
+class LlamaHeadDrafter(Drafter):
+    """Chains from a decoder context `_ctx` (memory `_mem`, extended batch `batch`) whose entries pair a token with a
+    row of `g` [positions, width]; a subclass fills g from the target's passes (`_flush` before the rows are read)
+    and sets ids (the target ids of the decoder's outputs, None: all)."""
+
+    gated = True
+    ids: np.ndarray | None = None
+
+    @staticmethod
+    def decoder_params(target, n_threads: int | None):
+        """llama.cpp context parameters of a decoder beside `target` (a LlamaBackend): room for entries of the text
+        and a proposal drafted past its end, one sequence, the target's context as its other (whose embeddings,
+        output layer or memory the decoder's graph may take)."""
+        cparams = _lib().llama_context_default_params()
+        cparams.n_ctx = target.n_ctx + MAX_OUTPUTS
+        cparams.n_batch = cparams.n_ubatch = min(target.n_batch, cparams.n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = n_threads or target.n_threads
+        cparams.no_perf = True
+        cparams.ctx_other = target._ctx
+        return cparams
+
+    def attach(self, ctx, target, width: int) -> None:
+        """Take the decoder context `ctx` (made with decoder_params), rows g of `width` and the target's passes."""
+        self._ctx, self.target, self.width = ctx, target, width
+        self.n_vocab = target.vocab.n_vocab
+        self._mem = _lib().llama_get_memory(ctx)
+        self.n_batch = _lib().llama_n_batch(ctx)
+        ext("set_embeddings_nextn")(ctx, True, True)  # each entry's pre-norm state (and EAGLE-3's encoder rows)
+        self.g = np.zeros((target.n_ctx + MAX_OUTPUTS, width), dtype=np.float32)  # g[P], pages as touched
+        self.batch = ExtBatch(ctx)
+        target.on_pass = self._read_target
+        self.reset()
+
+    def _read_target(self, positions: list[int]) -> None:
+        """After each target pass (LlamaBackend.on_pass): its rows at `positions`, in batch order."""
+        raise NotImplementedError
+
+    def _flush(self) -> None:
+        """Rows of g the subclass still owes (EAGLE-3's encoder), written before an entry reads them."""
+
+    def release(self) -> None:
+        """Detach from the target and free the decoder's context and batch (a subclass frees what it loaded)."""
+        if getattr(self, "target", None) is not None and self.target.on_pass == self._read_target:
+            self.target.on_pass = None
+        if getattr(self, "batch", None) is not None:
+            self.batch.close()
+            self.batch = None
+        if getattr(self, "_ctx", None):
+            _lib().llama_free(self._ctx)
+            self._ctx = None
+
+    def reset(self) -> None:
+        """Another text: the decoder's entries go; g rows stay, each rewritten when the target passes over it."""
+        _lib().llama_memory_seq_rm(self._mem, 0, 0, -1)
+        self.context: list[int] = []  # the committed tokens the decoder has entries for (all but the last)
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # pre-norm state and logits of the newest entry
+
+    def _entries(self, tokens: list[int], states: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """Decoder entries (tokens[i], states[i]) at positions first + i; the last one's pre-norm state and logits
+        (over the decoder's ids).
+
+        The last entry goes alone: a batch with fewer outputs than rows returns its FIRST rows' pre-norm states
+        (llama.cpp copies a masked context's first n_outputs rows of them), and for an EAGLE-3 decoder, whose
+        graph selects no output rows, their logits too; llama-server's batches are all outputs or none."""
+        last = len(tokens) - 1
+        for start in range(0, last, self.n_batch):
+            for i in range(start, min(start + self.n_batch, last)):
+                self.batch.add(tokens[i], states[i], first + i, False)
+            self.batch.process(DECODE)
+        self.batch.add(tokens[last], states[last], first + last, True)
+        self.batch.process(DECODE)
+        state = nextn_rows(self._ctx, 1, self.width, -1)[0]  # the last row, the one output
+        row = np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
+        return state, (row[self.ids] if self.ids is not None else row.copy())
+
+    def _commit(self, context: list[int]) -> None:
+        """Entries for positions len(self.context) - 1 .. len(context) - 2: (token P + 1, g[P])."""
+        done = len(self.context) - 1 if context[:len(self.context)] == self.context else 0
+        if done < 0 or self.last is None:
+            done = 0
+        last = len(context) - 1
+        if done < last:
+            self._flush()
+            _lib().llama_memory_seq_rm(self._mem, 0, done, -1)
+            self.last = self._entries(context[done + 1:last + 1], self.g[done:last], done)
+        self.context = list(context)
+
+    def catch_up(self, context: list[int]) -> None:
+        if len(context) > 2:
+            self._commit(context[:-1])
+
+    def propose(self, context, k, params, rng, gate=None):
+        """A chain of up to k tokens and their laws (drafts.chain_with_siblings one wide)."""
+        if k == 0 or len(context) < 2:
+            return [], np.zeros((0, self.n_vocab))
+        self._commit(context)
+        state = {"h": self.last[0]}
+
+        def step(token, i):  # entry at position len(context) - 1 + i: the i-th draft and the state before it
+            state["h"], logits = self._entries([token], state["h"][None], len(context) - 1 + i)
+            return logits
+
+        try:
+            tree = chain_with_siblings(self.last[1], step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate)
+        finally:
+            _lib().llama_memory_seq_rm(self._mem, 0, len(context) - 1, -1)
+        return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def measure_cost(self, reps: int = 5, k: int = 4) -> float:
+        """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
+        return head_chain_cost(self, list(range(1, 17)), reps, k)

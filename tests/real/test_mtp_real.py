@@ -1,0 +1,96 @@
+"""`--draft mtp` on a Qwen3.5 GGUF (llama.cpp architecture qwen35: gated-delta-net layers, a full-attention layer
+every fourth, one MTP layer) with random weights (models/random_mtp.py): no Qwen3.5 weights can be had here.
+The target loads its MTP layer, rolls its recurrent layers back after rejected drafts (llama.cpp's state
+snapshots), and the MTP layer drafts inside llama.cpp beside it (drafts/mtp.py): greedy text equal to target-only,
+and at t = 0.7 and 1 the law of a drafted token equal to the target's, a test that fails on a rule without the residual
+step.
+
+The weights make the test strong: the target's law of the next token is near a function of the current token,
+peaked over a few, and the MTP layer's law of the token after next near the target's and not equal to it (its
+projection passes its token's embedding through, perturbed), so drafts are kept and rejected both many times. The
+loop drafts the first token after a prompt (its prefill pass verifies it), so that token is the one drafted."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from stats_util import ALPHA, target_instead_of_residual
+
+import edgespec
+from edgespec.decode import rule as rule_module
+from edgespec.errors import EdgespecError
+from edgespec.models.random_mtp import write_random_qwen35_mtp
+from edgespec.pair import resolve_pair
+
+LAW_PROMPT = "Once upon a time, in a small"
+
+
+def softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@pytest.fixture(scope="module")
+def qwen35(default_gguf, tmp_path_factory):
+    return write_random_qwen35_mtp(tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf", tokenizer=default_gguf)
+
+
+@pytest.fixture(scope="module")
+def first_logits(qwen35):
+    """The target's logits of the first token after LAW_PROMPT."""
+    from edgespec.backends.llama.backend import LlamaBackend
+
+    target = LlamaBackend(qwen35, n_ctx=256, n_threads=2, sequences=1)
+    try:
+        return target.forward(target.tokenize(LAW_PROMPT, special=False), 1)[-1].astype(np.float64)
+    finally:
+        target.close()
+
+
+def test_mtp_resolves_for_a_qwen35_target_and_says_why_not_for_one_without(qwen35, default_gguf):
+    assert resolve_pair(qwen35, "mtp").draft.kind == "mtp"
+    assert str(resolve_pair(qwen35, "ngram+mtp").draft) == "ngram+mtp"
+    assert resolve_pair(qwen35, "auto").draft.kind == "mtp"  # auto takes a target's own MTP layer
+    assert resolve_pair(default_gguf, "auto").draft.kind == "lookup"
+    with pytest.raises(EdgespecError, match=r"architecture llama\) carries no MTP layers"):
+        resolve_pair(default_gguf, "mtp")
+
+
+def test_greedy_text_is_target_only_text(qwen35):
+    spec = edgespec.load(qwen35, "mtp", n_ctx=512)
+    plain = edgespec.load(qwen35, None, n_ctx=512)
+    drafted = accepted = 0
+    for prompt in ("Write a haiku about rain.", "List three prime numbers.", LAW_PROMPT):
+        a = spec.generate(prompt, max_tokens=32, temperature=0, draft_max=3, chat=False)
+        b = plain.generate(prompt, max_tokens=32, temperature=0, draft_max=0, chat=False)
+        assert a.tokens == b.tokens
+        drafted += a.stats.drafted
+        accepted += a.stats.accepted
+    assert drafted >= 3 * 20 and accepted > 0  # rounds drafted, drafts kept and rolled back
+    assert accepted < drafted
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_drafted_token_follows_the_target_law(qwen35, first_logits, monkeypatch, broken, temperature):
+    """600 answers at t = 0.7 and 1 whose first token the MTP layer drafted: its law is the target's (cells for the
+    tokens likely enough, and the rest). Without the residual step the test fails at the same alpha (p about 1e-11
+    at t = 1 where the right rule gives 0.2)."""
+    first_law = softmax(first_logits / temperature)
+    if broken:
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    engine = edgespec.load(qwen35, "mtp", n_ctx=256)
+    runs, draws, accepted = 600, [], 0
+    for seed in range(runs):
+        result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=temperature, seed=seed, chat=False,
+                                 draft_max=1)
+        assert result.stats.drafted >= 1
+        draws.append(result.tokens[0])
+        accepted += result.stats.accepted
+    assert runs * 0.1 < accepted < runs * 0.9  # kept and rejected drafts, both many times
+    cells = [x for x in range(len(first_law)) if first_law[x] * runs >= 5]
+    expected = [first_law[x] for x in cells]
+    observed = [draws.count(x) for x in cells]
+    expected.append(1 - sum(expected))
+    observed.append(runs - sum(observed))
+    p = stats.chisquare(observed, np.array(expected) * runs).pvalue
+    assert (p < ALPHA) == broken, (p, observed)
