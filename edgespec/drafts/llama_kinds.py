@@ -6,9 +6,9 @@ Users download drafts that are not small models of the target's family: EAGLE-3 
 (`ARCH.nextn_predict_layers` > 0: Qwen3.5/3.6, GLM-4.5, DeepSeek-V3, ...). The pinned llama.cpp holds the graphs
 for all three; they run only beside the target's context (an EAGLE-3 head without embeddings of its own cannot
 make a context alone; docs/llama-drafts.md: how llama.cpp drives them). EAGLE-3 heads draft through
-drafts/eagle3.py where they fit the target, MTP layers through drafts/mtp.py (`--draft mtp`); DFlash, and a head
-converted for another target, get an error saying what the file is and what runs instead, where llama.cpp would
-fail later with "could not create a context".
+drafts/eagle3.py and DFlash blocks through drafts/dflash.py where they fit the target, MTP layers through
+drafts/mtp.py (`--draft mtp`); a draft converted for another target, or beside an ONNX target, gets an error saying
+what the file is and what runs instead, where llama.cpp would fail later with "could not create a context".
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
 
 MTP_DRAFT = "mtp"  # --draft mtp: the target's own MTP layers
 KINDS = {"eagle3": ("an", "EAGLE-3 head"), "dflash": ("a", "DFlash block draft")}  # by GGUF architecture
-RUN = ("eagle3",)  # the kinds edgespec drafts with (drafts/eagle3.py)
+RUN = ("eagle3", "dflash")  # the kinds edgespec drafts with (drafts/eagle3.py, drafts/dflash.py)
 INSTEAD = ("--draft ngram (prompt lookup), a draft model of the target's vocabulary (*.gguf), or edgespec's own "
            "EAGLE head (edgespec train-heads --kind eagle)")
 
@@ -57,7 +57,9 @@ def check_draft_file(path: str | os.PathLike, target: str | os.PathLike) -> None
         return
     arch = meta["general.architecture"]
     fit = ""
-    wanted = meta.get(f"{arch}.target_hidden_size")
+    # an EAGLE-3 head names the target's width; a DFlash draft is as wide as its target
+    wanted = meta.get(f"{arch}.target_hidden_size") or (meta.get(f"{arch}.embedding_length") if arch == "dflash"
+                                                        else None)
     gguf_target = str(target).lower().endswith(".gguf")
     if wanted and gguf_target:
         target_meta = gguf_meta(target)
@@ -104,7 +106,15 @@ def check_mtp(target: str | os.PathLike) -> None:
                             f"one MTP layer of {', '.join(MTP_ARCHS)}. Run instead: {INSTEAD}")
 
 
+def llama_kind(path: str | os.PathLike) -> str | None:
+    """The architecture of a draft GGUF edgespec drafts with beside the target ("eagle3": drafts/eagle3.py,
+    "dflash": drafts/dflash.py), None for any other file."""
+    if not (str(path).lower().endswith(".gguf") and Path(path).is_file()):
+        return None
+    arch = gguf_meta(path).get("general.architecture")
+    return arch if arch in RUN else None
+
+
 def is_eagle3(path: str | os.PathLike) -> bool:
     """Whether a draft file is an EAGLE-3 GGUF (drafts/eagle3.py drafts from it)."""
-    return str(path).lower().endswith(".gguf") and Path(path).is_file() \
-        and gguf_meta(path).get("general.architecture") == "eagle3"
+    return llama_kind(path) == "eagle3"

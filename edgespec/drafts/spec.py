@@ -99,7 +99,7 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     from edgespec.backends.open import open_model
     from edgespec.decode.calibrate import measure_pass_costs
     from edgespec.drafts.base import DRAFT_WINDOWS, MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
-    from edgespec.drafts.llama_kinds import is_eagle3
+    from edgespec.drafts.llama_kinds import llama_kind
 
     spec = parse_draft(draft).resolved()
     if spec.kind == "none":
@@ -125,10 +125,13 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
 
         drafter = MtpDrafter(target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
-    if is_eagle3(spec.source):  # an EAGLE-3 head in llama.cpp's format (pair.resolve_pair checked it fits)
-        from edgespec.drafts.eagle3 import Eagle3Drafter
-
-        drafter = Eagle3Drafter(spec.source, target, n_threads=threads)
+    kind = llama_kind(spec.source)  # an EAGLE-3 head or DFlash draft (pair.resolve_pair checked it fits)
+    if kind is not None:
+        if kind == "eagle3":
+            from edgespec.drafts.eagle3 import Eagle3Drafter as Head
+        else:
+            from edgespec.drafts.dflash import DFlashDrafter as Head
+        drafter = Head(spec.source, target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
     # a draft model reads a window of recent tokens, and needs room for what it drafts
     draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT

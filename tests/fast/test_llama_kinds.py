@@ -1,6 +1,7 @@
-"""Drafts in llama.cpp's own formats (drafts/llama_kinds.py): an EAGLE-3 head that fits the target resolves; one
-that does not, a DFlash GGUF and --draft mtp get one error saying what the file is, whether it fits the target,
-and what runs instead, before anything loads; a draft model like any other passes through."""
+"""Drafts in llama.cpp's own formats (drafts/llama_kinds.py): an EAGLE-3 head or DFlash draft that fits the target
+resolves; one that does not, and --draft mtp on a target without a driven MTP layer, get one error saying what the
+file is, whether it fits the target, and what runs instead, before anything loads; a draft model like any other
+passes through."""
 
 import numpy as np
 import pytest
@@ -58,11 +59,13 @@ def test_a_head_for_another_target_says_so(tmp_path, target):
         resolve_pair(target, head)
 
 
-def test_a_dflash_block_draft_is_named(tmp_path, target):
-    block = write(tmp_path / "block.gguf", "dflash", block_size=16)
-    with pytest.raises(EdgespecError, match="is a DFlash block draft \\(GGUF architecture dflash\\): edgespec does "
-                                            "not run DFlash block drafts yet"):
-        resolve_pair(target, block)
+def test_a_dflash_block_draft_resolves_beside_its_target_and_says_what_it_is_elsewhere(tmp_path, target):
+    block = write(tmp_path / "block.gguf", "dflash", block_size=16, embedding_length=576, target_layers=[2, 15, 28])
+    assert resolve_pair(target, block).draft.source == str(block)  # drafts/dflash.py runs it
+    wide = write(tmp_path / "wide.gguf", "dflash", block_size=16, embedding_length=4096, target_layers=[2, 15, 28])
+    with pytest.raises(EdgespecError, match="is a DFlash block draft \\(GGUF architecture dflash, reading its layers "
+                                            "2, 15, 28\\); it was converted for another target"):
+        resolve_pair(target, wide)
 
 
 def test_draft_mtp_names_the_targets_architecture(tmp_path, target):

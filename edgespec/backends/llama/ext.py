@@ -124,8 +124,9 @@ def nextn_rows(ctx, n_rows: int, width: int, first: int | None = None) -> np.nda
 
 
 class ExtBatch:
-    """llama.h's extended batch for one context: rows of a token and an embedding (an EAGLE-3 head's decoder input)
-    or of an embedding alone (its encoder input), each at its own position in sequence 0. The embeddings stay
+    """llama.h's extended batch for one context: rows of a token and an embedding (an EAGLE-3 head's decoder input),
+    of an embedding alone (its encoder input, a DFlash draft's target features) or of a token alone (a DFlash
+    block), each at its own position in sequence 0. The embeddings stay
     referenced, not copied, until process() has run."""
 
     def __init__(self, ctx):
@@ -134,26 +135,31 @@ class ExtBatch:
         if not self.batch:
             raise EdgespecError("llama.cpp could not make an extended batch")
         self.rows: list[np.ndarray] = []  # the embeddings the batch points into
+        self.n = 0  # rows in the batch
 
-    def add(self, token: int | None, embedding: np.ndarray, position: int, output: bool) -> None:
-        row = np.ascontiguousarray(embedding, dtype=np.float32).reshape(1, -1)
-        self.rows.append(row)
-        embd = Embd(row.ctypes.data_as(_FLOATS), 1, row.shape[1])
+    def add(self, token: int | None, embedding: np.ndarray | None, position: int, output: bool) -> None:
+        """A row of a token, an embedding, or both (an EAGLE-3 or MTP decoder's entry) at `position`."""
+        if embedding is not None:
+            row = np.ascontiguousarray(embedding, dtype=np.float32).reshape(1, -1)
+            self.rows.append(row)
+            embd = Embd(row.ctypes.data_as(_FLOATS), 1, row.shape[1])
         if token is None:
             index = ext("llama_batch_ext_add_embd")(self.batch, 0, embd)
         else:
             index = ext("llama_batch_ext_add_token")(self.batch, 0, token)
-            if index >= 0 and not ext("llama_batch_ext_set_embd_token")(self.batch, index, embd):
+            if index >= 0 and embedding is not None and not ext("llama_batch_ext_set_embd_token")(self.batch, index,
+                                                                                                    embd):
                 index = -2
         if index < 0:
             raise EdgespecError(f"llama.cpp refused a row of an extended batch (code {index})")
         ext("llama_batch_ext_set_pos")(self.batch, index, (ctypes.c_int32 * 4)(position, 0, 0, 0))
         if output:
             ext("llama_batch_ext_set_output_logits")(self.batch, index, True)
+        self.n += 1
 
     def process(self, kind: int) -> None:
         """Run the rows (ENCODE or DECODE) and empty the batch."""
-        n = len(self.rows)
+        n, self.n = self.n, 0
         rc = ext("llama_process")(self.ctx, kind, self.batch)
         ext("llama_batch_ext_clear")(self.batch)
         self.rows = []

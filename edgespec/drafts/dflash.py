@@ -1,0 +1,127 @@
+"""DFlash block drafts in llama.cpp's own format (GGUF architecture `dflash`), drafting inside llama.cpp beside the
+target's context, their laws under edgespec's rejection rule.
+
+A DFlash draft (Chen et al. 2026, block diffusion) reads several of the target's layers like an EAGLE-3 head: after
+every target pass the inputs of its `dflash.target_layers` for each row are joined, and for each committed position
+the draft's encoder (`fc`) turns them into keys and values written into the draft's cache at that position (an
+embedding-only decode, llama.cpp's "injection"). To draft, one decode of a block [last committed token, mask, ...,
+mask] at the positions after the text, with non-causal attention inside the block, gives at block row i the law of
+the token i places past the last: k laws from one call, however long the chain. The block's own entries are
+removed after. This is what llama-server's `--spec-type draft-dflash` does (common/speculative.cpp).
+
+The laws of a block are the draft's marginals: row i does not see the tokens drafted before it, so drawing each
+drafted token from its row is a draft whose law at position i, given the drafted prefix, is that row, and the
+rejection rule judges it like any other: the output is the target's law at every temperature (llama-server instead
+keeps each row's top token and matches it). A reduced vocabulary (`d2t`) is a law with mass 0 outside its ids, as for
+EAGLE-3. Chains of at most block_size - 1 tokens; DFlash2's selector and DSpark's Markov head are not driven here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from edgespec.backends.llama.ext import DECODE, LayerInputs, ext, nextn_rows, target_layer_ids
+from edgespec.backends.llama.lib import check_gguf_file
+from edgespec.backends.llama.lib import lib as _lib
+from edgespec.drafts.base import chain_with_siblings
+from edgespec.drafts.eagle3 import head_ids
+from edgespec.drafts.llama_head import LlamaHeadDrafter
+from edgespec.errors import EdgespecError
+
+
+def _meta(model, key: str) -> str | None:
+    """A metadata value of a loaded model as text (None: absent)."""
+    buf = ctypes.create_string_buffer(64)
+    return buf.value.decode() if _lib().llama_model_meta_val_str(model, key.encode(), buf, 64) >= 0 else None
+
+
+class DFlashDrafter(LlamaHeadDrafter):
+    """Drafts chains from a DFlash GGUF against a LlamaBackend target (one stream)."""
+
+    def __init__(self, path: str | os.PathLike, target, *, n_threads: int | None = None):
+        path = check_gguf_file(path)
+        if not hasattr(target, "on_pass"):
+            raise EdgespecError(f"a DFlash draft reads the target's layers inside llama.cpp: {target.name} is not a "
+                                "GGUF target")
+        if target.on_pass is not None:
+            raise EdgespecError(f"{target.name} already feeds another draft's states")
+        lib = _lib()
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = target.n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load the DFlash draft {path}")
+        self.layers = target_layer_ids(self._model)
+        if _meta(self._model, "dflash.selector_top_k") or _meta(self._model, "general.architecture") != "dflash":
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"{path.name}: edgespec drives DFlash block drafts, not DFlash2 selectors")
+        if not self.layers or any(layer > target.n_layer for layer in self.layers):
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"{path.name} reads target layers {self.layers}; {target.name} has {target.n_layer}")
+        self.block_size = int(_meta(self._model, "dflash.block_size") or 16)
+        self.mask = lib.llama_vocab_mask(lib.llama_model_get_vocab(self._model))
+        ctx = lib.llama_init_from_model(self._model, self.decoder_params(target, n_threads))
+        if not ctx:
+            lib.llama_model_free(self._model)
+            raise EdgespecError(f"{path.name} is not a DFlash draft llama.cpp can run beside {target.name}")
+        lib.llama_set_causal_attn(ctx, _meta(self._model, "dflash.attention.causal") == "true")
+        self.ids = head_ids(path, target.vocab.n_vocab)
+        self.name = f"dflash:{path.name}"
+        self.attach(ctx, target, len(self.layers) * target.n_embd)  # g[P]: the target's features at P
+        self.inputs = LayerInputs(target, [layer for layer in self.layers if layer < target.n_layer])
+        if target.n_layer in self.layers:  # the id n_layer: the target's final pre-norm state
+            ext("set_embeddings_nextn")(target._ctx, True, False)
+
+    def close(self) -> None:
+        if getattr(self, "inputs", None) is not None and self.target.on_pass == self._read_target:
+            self.inputs.close()
+        self.release()
+        if self._model:
+            _lib().llama_model_free(self._model)
+            self._model = None
+
+    def _read_target(self, positions: list[int]) -> None:
+        """After a target pass: its rows' features, g[P] for each position."""
+        n = len(positions)
+        rows = self.inputs.read(n)  # [len(inputs), n, E]
+        if len(self.inputs.layers) < len(self.layers):
+            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
+        self.g[positions] = rows.transpose(1, 0, 2).reshape(n, -1)  # [n, layers x E], layers in file order
+
+    def _commit(self, context: list[int]) -> None:
+        """The features of positions len(self.context) - 1 .. len(context) - 2 into the draft's cache."""
+        done = len(self.context) - 1 if context[:len(self.context)] == self.context else 0
+        done, last = max(done, 0), len(context) - 1
+        if done < last:
+            _lib().llama_memory_seq_rm(self._mem, 0, done, -1)
+            for start in range(done, last, self.n_batch):
+                for pos in range(start, min(start + self.n_batch, last)):
+                    self.batch.add(None, self.g[pos], pos, False)
+                self.batch.process(DECODE)
+        self.context = list(context)
+
+    def propose(self, context, k, params, rng, gate=None):
+        """A chain of up to min(k, block_size - 1) tokens and their laws, from one block decode."""
+        k = min(k, self.block_size - 1)
+        if k <= 0 or len(context) < 2:
+            return [], np.zeros((0, self.n_vocab))
+        self._commit(context)
+        first = len(context) - 1
+        for i in range(k + 1):  # every row an output: the graph selects none (see LlamaHeadDrafter._entries)
+            self.batch.add(context[-1] if i == 0 else self.mask, None, first + i, True)
+        try:
+            self.batch.process(DECODE)
+            rows = [np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+                    for i in range(1, k + 1)]
+            rows = [row[self.ids] if self.ids is not None else row.copy() for row in rows]
+        finally:
+            _lib().llama_memory_seq_rm(self._mem, 0, first, -1)
+        tree = chain_with_siblings(rows[0], lambda token, i: rows[i + 1], k, 1, params, rng, self.n_vocab,
+                                   ids=self.ids, gate=gate)
+        return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def measure_cost(self, reps: int = 5, k: int = 4) -> float:
+        return super().measure_cost(reps, min(k, self.block_size - 1))
