@@ -22,13 +22,16 @@ CALIBRATION_TEXT = (  # ordinary assistant prose and code, for the draft-agreeme
 def controller_for(target: Backend, drafter, draft_backend: Backend | None, pass_costs: dict[int, float],
                    draft_cost: float, k_max: int, *, learn_costs: bool = True) -> DraftController | None:
     """The controller of a loaded pair, the one place one is built (api.load; parallel.Parallel, once for its
-    streams): None without a drafter. pass_costs: a verify pass's seconds per length; draft_cost: a draft step's.
+    streams): None without a drafter. pass_costs: a verify pass's seconds per length; draft_cost: a draft step's
+    (and a drafter's start_cost, where it measured one, a round's start besides its steps).
     For a draft model, a prior on acceptance so that a good one is used from the start (how often its greedy
     choices agree with the target's on CALIBRATION_TEXT; none for another tokenizer, whose tokens are not the
     target's) and what reading the text it skipped costs it."""
     if drafter is None:
         return None
-    controller = DraftController(dict(pass_costs), draft_cost, k_max, learn_costs=learn_costs)
+    # heads inside llama.cpp measure a round's start apart from its steps (drafts/llama_head.LlamaHeadDrafter)
+    start = getattr(getattr(drafter, "inner", drafter), "start_cost", 0.0)
+    controller = DraftController(dict(pass_costs), draft_cost, k_max, learn_costs=learn_costs, draft_start=start)
     if draft_backend is not None:
         model = getattr(drafter, "inner", drafter)  # behind prompt lookup (ngram+)
         if model.pairing != "cross-tokenizer":

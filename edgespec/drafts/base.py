@@ -110,17 +110,31 @@ def confidence(logits: np.ndarray) -> float:
 def head_chain_cost(drafter: Drafter, context: list[int], reps: int = 5, k: int = 4) -> float:
     """Seconds per drafted token of a head's k-token chain after `context` (the median of reps; the entries for
     the context written before the clock starts), for the controller's prior. The drafter is reset after."""
+    return _median_proposal(drafter, [*context, context[-1]], context, k, reps) / k
+
+
+def head_round_costs(drafter: Drafter, context: list[int], reps: int = 5, k: int = 4) -> tuple[float, float]:
+    """(start, step): seconds a drafting round of a head spends besides its steps, and per step, from chains of 1 and
+    k tokens after `context` (medians of reps), each round writing the entry of the context's last token first as a
+    round after a verify pass does; the controller's prior (DraftController.draft_start, draft_cost)."""
+    one = _median_proposal(drafter, context, context, 1, reps)
+    step = max(_median_proposal(drafter, context, context, k, reps) - one, 0.0) / (k - 1)
+    return max(one - step, 0.0), step
+
+
+def _median_proposal(drafter: Drafter, read: list[int], context: list[int], k: int, reps: int) -> float:
+    """The median seconds of propose(context, k) after a reset and catch_up(read); the drafter is reset after."""
     import time
 
     times = []
     for _ in range(reps):
         drafter.reset()
-        drafter.catch_up([*context, context[-1]])  # entries for all of context
+        drafter.catch_up(read)
         t = time.perf_counter()
         drafter.propose(context, k, SamplingParams(), np.random.default_rng(0))
         times.append(time.perf_counter() - t)
     drafter.reset()
-    return sorted(times)[reps // 2] / k
+    return sorted(times)[reps // 2]
 
 
 def chain_with_siblings(first_logits: np.ndarray, step: Callable[[int, int], np.ndarray], k: int, width: int,

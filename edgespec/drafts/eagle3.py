@@ -9,8 +9,7 @@ draft-eagle3`). With a `d2t` map the head speaks a subset of the target's ids an
 into the target's vocabulary with -inf elsewhere; the drafter keeps the subset's logits (`ids`).
 
 What a drafting round costs besides its steps, and the controller does not price yet: an encoder call over the
-target's rows since the last round, and two decoder calls for the entries committed since (the last alone, see
-LlamaHeadDrafter._entries).
+target's rows since the last round, and a decoder call for the entries committed since (LlamaHeadDrafter._entries).
 """
 
 from __future__ import annotations

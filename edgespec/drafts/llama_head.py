@@ -25,7 +25,7 @@ import numpy as np
 from edgespec.backends.llama.ext import DECODE, ExtBatch, ext, nextn_rows
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.drafts.base import Drafter, chain_with_siblings, head_chain_cost
+from edgespec.drafts.base import Drafter, chain_with_siblings, head_round_costs
 
 
 class LlamaHeadDrafter(Drafter):
@@ -35,6 +35,7 @@ class LlamaHeadDrafter(Drafter):
 
     gated = True
     ids: np.ndarray | None = None
+    all_outputs = True  # every entry of a call an output (_entries); False: the last, states read unmasked
 
     @staticmethod
     def decoder_params(target, n_threads: int | None):
@@ -56,7 +57,8 @@ class LlamaHeadDrafter(Drafter):
         self.n_vocab = target.vocab.n_vocab
         self._mem = _lib().llama_get_memory(ctx)
         self.n_batch = _lib().llama_n_batch(ctx)
-        ext("set_embeddings_nextn")(ctx, True, True)  # each entry's pre-norm state (and EAGLE-3's encoder rows)
+        # each entry's pre-norm state (and EAGLE-3's encoder rows): of the output rows, or of every row (_entries)
+        ext("set_embeddings_nextn")(ctx, True, self.all_outputs)
         self.g = np.zeros((target.n_ctx + MAX_OUTPUTS, width), dtype=np.float32)  # g[P], pages as touched
         self.batch = ExtBatch(ctx)
         target.on_pass = self._read_target
@@ -87,20 +89,22 @@ class LlamaHeadDrafter(Drafter):
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # pre-norm state and logits of the newest entry
 
     def _entries(self, tokens: list[int], states: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
-        """Decoder entries (tokens[i], states[i]) at positions first + i; the last one's pre-norm state and logits
-        (over the decoder's ids).
+        """Decoder entries (tokens[i], states[i]) at positions first + i, in one call where a round's few fit; the
+        last one's pre-norm state and logits (over the decoder's ids).
 
-        The last entry goes alone: a batch with fewer outputs than rows returns its FIRST rows' pre-norm states
-        (llama.cpp copies a masked context's first n_outputs rows of them), and for an EAGLE-3 decoder, whose
-        graph selects no output rows, their logits too; llama-server's batches are all outputs or none."""
-        last = len(tokens) - 1
-        for start in range(0, last, self.n_batch):
-            for i in range(start, min(start + self.n_batch, last)):
-                self.batch.add(tokens[i], states[i], first + i, False)
+        Which rows are outputs: where the decoder's graph selects no output rows (EAGLE-3's), a batch with fewer
+        outputs than rows returns its FIRST rows' logits, so the last MAX_OUTPUTS entries are all outputs (their
+        logits are computed anyway) and the rows before them a call of their own; else the last alone, the
+        pre-norm states read unmasked (every row's, by batch index: a masked context copies its first n_outputs
+        rows of them, not its output rows). llama-server's batches are all outputs or none."""
+        n = len(tokens)
+        outputs = max(n - MAX_OUTPUTS, 0) if self.all_outputs else n - 1  # the first output row
+        cuts = sorted({*range(0, n, self.n_batch), *([outputs] if self.all_outputs and outputs else []), n})
+        for start, end in zip(cuts, cuts[1:], strict=False):
+            for i in range(start, end):
+                self.batch.add(tokens[i], states[i], first + i, i >= outputs)
             self.batch.process(DECODE)
-        self.batch.add(tokens[last], states[last], first + last, True)
-        self.batch.process(DECODE)
-        state = nextn_rows(self._ctx, 1, self.width, -1)[0]  # the last row, the one output
+        state = nextn_rows(self._ctx, 1, self.width, end - start - 1)[0]  # the last row's
         row = np.ctypeslib.as_array(_lib().llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
         return state, (row[self.ids] if self.ids is not None else row.copy())
 
@@ -137,6 +141,9 @@ class LlamaHeadDrafter(Drafter):
             _lib().llama_memory_seq_rm(self._mem, 0, len(context) - 1, -1)
         return tree.tokens, tree.probs[:len(tree.tokens)]
 
+    start_cost = 0.0  # seconds a round spends besides its steps (measure_cost), the controller's draft_start prior
+
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
-        """Seconds per drafted token in a k-token chain (the median of reps), for the controller's prior."""
-        return head_chain_cost(self, list(range(1, 17)), reps, k)
+        """Seconds per draft step, beside start_cost per round (medians of reps), for the controller's prior."""
+        self.start_cost, step = head_round_costs(self, list(range(1, 17)), reps, k)
+        return step

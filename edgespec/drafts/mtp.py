@@ -26,6 +26,8 @@ CONTEXT_TYPE_MTP = 1  # llama.h's enum llama_context_type
 class MtpDrafter(LlamaHeadDrafter):
     """Drafts chains from the MTP layer of a LlamaBackend target opened with load_mtp (one stream)."""
 
+    all_outputs = False  # its graph selects the output rows: the committed entries need no logits but the last's
+
     def __init__(self, target, *, n_threads: int | None = None):
         if not hasattr(target, "on_pass"):
             raise EdgespecError(f"MTP layers run inside llama.cpp beside their target: {target.name} is not a GGUF "
