@@ -60,11 +60,14 @@ def models_cmd(as_json):
             vocabs[model.path] = gguf_vocab(model.path) if model.complete else None
         except EdgespecError:
             vocabs[model.path] = None
+    heads = _llama_drafts(cached)
+    kinds = {row["draft_path"]: row["kind"] for row in heads}
     pairs = []
     for target in cached:
         for draft in cached:
             vocab, draft_vocab = vocabs[target.path], vocabs[draft.path]
-            if draft.repo_id == target.repo_id or draft.size >= target.size or not (vocab and draft_vocab):
+            if draft.repo_id == target.repo_id or draft.size >= target.size or not (vocab and draft_vocab) \
+                    or kinds.get(str(target.path)) or kinds.get(str(draft.path)):  # heads pair in `heads`
                 continue
             pair = {"target": target.name, "draft": draft.name, "size_ratio": round(target.size / draft.size, 1),
                     "vocabulary": pairing(vocab, draft_vocab)}
@@ -78,9 +81,10 @@ def models_cmd(as_json):
              "files": list(m.gguf.files), "parts": m.gguf.parts, "quant": hub.quant_of(m.gguf.first), "size": m.size,
              "path": str(m.path), "n_vocab": vocabs[m.path].n_vocab if vocabs[m.path] else None,
              "vocab": vocabs[m.path].digest if vocabs[m.path] else None} for m in cached]
+    heads = [{k: v for k, v in row.items() if k != "draft_path"} for row in heads]
     if as_json:
-        click.echo(json.dumps({"cache": hub.cache_dir(), "offline": hub.offline(), "models": rows, "pairs": pairs},
-                              indent=2))
+        click.echo(json.dumps({"cache": hub.cache_dir(), "offline": hub.offline(), "models": rows, "pairs": pairs,
+                               "heads": heads}, indent=2))
         return
     click.echo(f"Hugging Face cache: {hub.cache_dir()}" + (" (HF_HUB_OFFLINE)" if hub.offline() else ""))
     if not rows:
@@ -100,6 +104,52 @@ def models_cmd(as_json):
         shared = f", {p['shared_tokens']} tokens shared" if "shared_tokens" in p else ""
         click.echo(f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {PAIR_KINDS[p['vocabulary']]}"
                    f"{shared})")
+    if heads:
+        click.echo("\ndrafts in llama.cpp's formats (target <- --draft):")
+    for h in heads:
+        click.echo(f"  {h['target'] or '(no cached target)'} <- {h['draft']} ({h['what']})")
+
+
+def _llama_drafts(cached) -> list[dict]:
+    """The drafts in llama.cpp's own formats among cached models, each beside the cached targets it fits: an EAGLE-3
+    head or DFlash draft with every target of the width it was converted for, and "mtp" for a target whose MTP
+    layer --draft mtp drives (drafts/llama_kinds.py). Reads headers only."""
+    from edgespec.drafts.llama_kinds import check_mtp, describe, gguf_meta
+    from edgespec.errors import EdgespecError
+
+    metas = {}
+    for model in cached:
+        try:
+            metas[model.path] = gguf_meta(model.path) if model.complete else {}
+        except EdgespecError:
+            metas[model.path] = {}
+    rows = []
+    for target in cached:
+        meta = metas[target.path]
+        arch = meta.get("general.architecture")
+        if describe(meta) or not arch:
+            continue
+        try:
+            check_mtp(target.path)
+            rows.append({"target": target.name, "draft": "mtp", "kind": "mtp", "draft_path": "mtp",
+                         "what": f"its own MTP layer ({arch})"})
+        except EdgespecError:
+            pass
+        for head in cached:
+            what = describe(metas[head.path])
+            head_arch = metas[head.path].get("general.architecture")
+            width = metas[head.path].get(f"{head_arch}.target_hidden_size") or \
+                metas[head.path].get(f"{head_arch}.embedding_length")
+            if what and width == meta.get(f"{arch}.embedding_length"):
+                rows.append({"target": target.name, "draft": head.name, "kind": head_arch,
+                             "draft_path": str(head.path), "path": str(head.path), "what": what})
+    for head in cached:  # a head no cached target fits is listed too, as one
+        what = describe(metas[head.path])
+        if what and not any(r.get("path") == str(head.path) for r in rows):
+            rows.append({"target": None, "draft": head.name, "kind": metas[head.path]["general.architecture"],
+                         "draft_path": str(head.path), "path": str(head.path),
+                         "what": what + ": no cached target fits"})
+    return rows
 
 
 def _size(n: int) -> str:

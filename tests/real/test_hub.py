@@ -231,6 +231,30 @@ def test_models_says_whether_each_pair_is_exact_or_padded(cache, ggufs):
         assert f"  {p['target']} <- {p['draft']} ({p['size_ratio']}x smaller, {p['vocabulary']} vocabulary)" in text
 
 
+def test_models_lists_the_drafts_in_llama_cpps_formats_beside_the_targets_they_fit(cache, ggufs, tmp_path):
+    """A DFlash draft converted for the 256-wide model pairs with it (not with the 576-wide default model, and not as
+    a draft model of its vocabulary); a Qwen3.5 GGUF carrying an MTP layer pairs with "mtp"."""
+    from edgespec.models.random_dflash import write_random_dflash
+    from edgespec.models.random_mtp import write_random_qwen35_mtp
+
+    block = write_random_dflash(tmp_path / "block.gguf", ggufs["wide"], layers=[1, 2], n_layer=1, ff=64)
+    qwen = write_random_qwen35_mtp(tmp_path / "qwen.gguf", tokenizer=ggufs["default"])
+    add_repo(cache, "test-org/Wide-GGUF", {"wide-F32.gguf": ggufs["wide"]})
+    add_repo(cache, TARGET, {"smollm2-Q8_0.gguf": ggufs["default"]})
+    add_repo(cache, "test-org/Wide-DFlash-GGUF", {"block.gguf": block})
+    add_repo(cache, "test-org/Qwen35-GGUF", {"qwen-F32.gguf": qwen})
+    runner = CliRunner()
+    listing = json.loads(runner.invoke(main, ["models", "--json"]).stdout)
+    heads = sorted((h["target"], h["draft"], h["kind"]) for h in listing["heads"])
+    assert heads == [("test-org/Qwen35-GGUF:F32", "mtp", "mtp"),
+                     ("test-org/Wide-GGUF:F32", "test-org/Wide-DFlash-GGUF:block.gguf", "dflash")]
+    assert not any("DFlash" in p["draft"] or "DFlash" in p["target"] for p in listing["pairs"])
+    text = runner.invoke(main, ["models"]).output
+    assert ("test-org/Wide-GGUF:F32 <- test-org/Wide-DFlash-GGUF:block.gguf (a DFlash block draft (GGUF "
+            "architecture dflash, reading its layers 1, 2))") in text
+    assert "test-org/Qwen35-GGUF:F32 <- mtp (its own MTP layer (qwen35))" in text
+
+
 # --- draft auto ----------------------------------------------------------------------------------------------------
 
 def test_auto_finds_a_smaller_cached_model_with_the_targets_vocabulary(populated):
