@@ -26,7 +26,8 @@ import numpy as np
 from edgespec.backends.llama.ext import DECODE, LayerInputs, ext, nextn_rows, target_layer_ids
 from edgespec.backends.llama.lib import check_gguf_file
 from edgespec.backends.llama.lib import lib as _lib
-from edgespec.drafts.base import chain_with_siblings
+from edgespec.backends.protocol import MAX_OUTPUTS
+from edgespec.drafts.base import DraftTree, chain_with_siblings, grow_tree
 from edgespec.drafts.eagle3 import head_ids
 from edgespec.drafts.llama_head import LlamaHeadDrafter
 from edgespec.errors import EdgespecError
@@ -103,11 +104,10 @@ class DFlashDrafter(LlamaHeadDrafter):
                 self.batch.process(DECODE)
         self.context = list(context)
 
-    def propose(self, context, k, params, rng, gate=None):
-        """A chain of up to min(k, block_size - 1) tokens and their laws, from one block decode."""
+    def _stepping(self, context, draft, k: int = MAX_OUTPUTS):
+        """draft(first, step) as LlamaHeadDrafter's, from one block decode of up to min(k, block_size - 1) laws
+        (step returns None past them)."""
         k = min(k, self.block_size - 1)
-        if k <= 0 or len(context) < 2:
-            return [], np.zeros((0, self.n_vocab))
         self._commit(context)
         first = len(context) - 1
         for i in range(k + 1):  # every row an output: the graph selects none (see LlamaHeadDrafter._entries)
@@ -119,9 +119,27 @@ class DFlashDrafter(LlamaHeadDrafter):
             rows = [row[self.ids] if self.ids is not None else row.copy() for row in rows]
         finally:
             _lib().llama_memory_seq_rm(self._mem, 0, first, -1)
-        tree = chain_with_siblings(rows[0], lambda token, i: rows[i + 1], k, 1, params, rng, self.n_vocab,
-                                   ids=self.ids, gate=gate)
+        return draft(rows[0], lambda token, i: rows[i + 1] if i + 1 < len(rows) else None)
+
+    def propose(self, context, k, params, rng, gate=None):
+        """A chain of up to min(k, block_size - 1) tokens and their laws, from one block decode."""
+        k = min(k, self.block_size - 1)
+        if k <= 0 or len(context) < 2:
+            return [], np.zeros((0, self.n_vocab))
+        tree = self._stepping(context, lambda first, step: chain_with_siblings(
+            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate), k)
         return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def propose_tree(self, context, shape, params, rng):
+        """The tree `shape` plans, its laws from one block as deep as the shape (a block's rows are marginals, so
+        a chain's siblings come from the same rows)."""
+        from edgespec.decode.shape import tree_depth
+
+        if shape.size == 0 or len(context) < 2:
+            return DraftTree([], [], np.zeros((1, self.n_vocab)))
+        return self._stepping(context, lambda first, step: grow_tree(
+            shape, lambda path: step(path[-1], len(path) - 1) if path else first, params, rng, self.n_vocab,
+            ids=self.ids), tree_depth(shape.parents))
 
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
         """One block decode drafts the chain: its cost is nearly all the round's start (start_cost)."""

@@ -11,7 +11,8 @@ the entry before. This is what llama-server's `--spec-type draft-eagle3` and `dr
 What differs from llama-server: the decoder's row is a law, not a top-1 guess, judged by edgespec's rejection rule
 (a reduced vocabulary, an EAGLE-3 head's d2t map, is a draft with mass 0 outside its ids, `ids`): the output is the
 target's law at every temperature. The controller chooses how far to draft and ends a chain where the head is
-unsure (gated).
+unsure (gated); with --tree-width W each drafted position also gets up to W - 1 siblings from the same law, leaves
+verified in the same pass (llama-server verifies chains).
 
 The decoder's cache holds entries for the committed text; a proposal's steps are removed after it. Where a
 position's target rows were never computed here (a prompt restored from a saved state), its g row is zeros: drafts
@@ -25,7 +26,7 @@ import numpy as np
 from edgespec.backends.llama.ext import DECODE, ExtBatch, ext, nextn_rows
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.protocol import MAX_OUTPUTS
-from edgespec.drafts.base import Drafter, chain_with_siblings, head_round_costs
+from edgespec.drafts.base import Drafter, DraftTree, chain_with_siblings, grow_tree, head_round_costs
 
 
 class LlamaHeadDrafter(Drafter):
@@ -34,6 +35,7 @@ class LlamaHeadDrafter(Drafter):
     and sets ids (the target ids of the decoder's outputs, None: all)."""
 
     gated = True
+    trees = True  # a chain and sibling leaves (propose_tree)
     ids: np.ndarray | None = None
     all_outputs = True  # every entry of a call an output (_entries); False: the last, states read unmasked
 
@@ -124,10 +126,10 @@ class LlamaHeadDrafter(Drafter):
         if len(context) > 2:
             self._commit(context[:-1])
 
-    def propose(self, context, k, params, rng, gate=None):
-        """A chain of up to k tokens and their laws (drafts.chain_with_siblings one wide)."""
-        if k == 0 or len(context) < 2:
-            return [], np.zeros((0, self.n_vocab))
+    def _stepping(self, context, draft):
+        """draft(first, step) with the decoder caught up on `context`: first, its logits for the first draft;
+        step(token, i), its logits for draft i + 1 once `token` is draft i (in order of i). The proposal's entries
+        are removed after."""
         self._commit(context)
         state = {"h": self.last[0]}
 
@@ -136,10 +138,26 @@ class LlamaHeadDrafter(Drafter):
             return logits
 
         try:
-            tree = chain_with_siblings(self.last[1], step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate)
+            return draft(self.last[1], step)
         finally:
             _lib().llama_memory_seq_rm(self._mem, 0, len(context) - 1, -1)
+
+    def propose(self, context, k, params, rng, gate=None):
+        """A chain of up to k tokens and their laws (drafts.chain_with_siblings one wide)."""
+        if k == 0 or len(context) < 2:
+            return [], np.zeros((0, self.n_vocab))
+        tree = self._stepping(context, lambda first, step: chain_with_siblings(
+            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate))
         return tree.tokens, tree.probs[:len(tree.tokens)]
+
+    def propose_tree(self, context, shape, params, rng):
+        """The tree `shape` plans (drafts.grow_tree): the decoder steps along its first guesses, once per depth as
+        for a chain; the other guesses are leaves (branching False), so only the verify pass grows."""
+        if shape.size == 0 or len(context) < 2:
+            return DraftTree([], [], np.zeros((1, self.n_vocab)))
+        return self._stepping(context, lambda first, step: grow_tree(
+            shape, lambda path: step(path[-1], len(path) - 1) if path else first, params, rng, self.n_vocab,
+            ids=self.ids))
 
     start_cost = 0.0  # seconds a round spends besides its steps (measure_cost), the controller's draft_start prior
 

@@ -71,6 +71,11 @@ def test_greedy_text_is_target_only_text(default_gguf, block):
         assert a.tokens == b.tokens
         drafted += a.stats.drafted
     assert drafted >= 2 * 20 * 5 // 2  # blocks of five drafted nearly every round
+    trees = edgespec.load(default_gguf, str(block), n_ctx=512, tree_width=3)  # siblings from the block's rows
+    for prompt in ("Write a haiku about rain.", LAW_PROMPT):
+        a = trees.generate(prompt, max_tokens=24, temperature=0, draft_max=3)
+        assert a.tokens == plain.generate(prompt, max_tokens=24, temperature=0, draft_max=0).tokens
+        assert a.stats.tree_nodes > a.stats.drafted > 0
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])

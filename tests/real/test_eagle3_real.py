@@ -67,6 +67,11 @@ def test_greedy_text_is_target_only_text(default_gguf, head):
         assert a.tokens == b.tokens
         drafted += a.stats.drafted
     assert drafted >= 3 * 20  # nearly every round drafted three tokens
+    trees = edgespec.load(default_gguf, str(head[0]), n_ctx=512, tree_width=3)  # the chain, two siblings a depth
+    for prompt in ("Write a haiku about rain.", LAW_PROMPT):
+        a = trees.generate(prompt, max_tokens=24, temperature=0, draft_max=3)
+        assert a.tokens == plain.generate(prompt, max_tokens=24, temperature=0, draft_max=0).tokens
+        assert a.stats.tree_nodes > a.stats.drafted > 0
 
 
 @pytest.mark.parametrize("broken", [False, True])

@@ -13,7 +13,7 @@ loop drafts the first token after a prompt (its prefill pass verifies it), so th
 import numpy as np
 import pytest
 from scipy import stats
-from stats_util import ALPHA, target_instead_of_residual
+from stats_util import ALPHA, judged_with_replacement, target_instead_of_residual
 
 import edgespec
 from edgespec.decode import rule as rule_module
@@ -67,23 +67,33 @@ def test_greedy_text_is_target_only_text(qwen35):
         accepted += a.stats.accepted
     assert drafted >= 3 * 20 and accepted > 0  # rounds drafted, drafts kept and rolled back
     assert accepted < drafted
+    trees = edgespec.load(qwen35, "mtp", n_ctx=512, tree_width=3)  # the chain and two siblings per depth
+    for prompt in ("Write a haiku about rain.", LAW_PROMPT):
+        a = trees.generate(prompt, max_tokens=32, temperature=0, draft_max=3, chat=False)
+        assert a.tokens == plain.generate(prompt, max_tokens=32, temperature=0, draft_max=0, chat=False).tokens
+        assert a.stats.tree_nodes > a.stats.drafted > 0
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("temperature, width", [(0.7, 1), (1.0, 1), (1.0, 3)])
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_drafted_token_follows_the_target_law(qwen35, first_logits, monkeypatch, broken, temperature):
-    """600 answers at t = 0.7 and 1 whose first token the MTP layer drafted: its law is the target's (cells for the
-    tokens likely enough, and the rest). Without the residual step the test fails at the same alpha (p about 1e-11
-    at t = 1 where the right rule gives 0.2)."""
+def test_a_drafted_token_follows_the_target_law(qwen35, first_logits, monkeypatch, broken, temperature, width):
+    """600 answers at t = 0.7 and 1 whose first token the MTP layer drafted (2000 at width 3: with two siblings,
+    verified as distinct candidates): its law is the target's (cells for the tokens likely enough, and the rest).
+    Without the residual step (chains), or judging the siblings by the rule for i.i.d. candidates (trees), the test
+    fails at the same alpha (p about 1e-11 at t = 1 where the right rule gives 0.2)."""
+    from edgespec.decode import verify as verify_module
+
     first_law = softmax(first_logits / temperature)
-    if broken:
+    if broken and width == 1:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
-    engine = edgespec.load(qwen35, "mtp", n_ctx=256)
-    runs, draws, accepted = 600, [], 0
+    elif broken:
+        monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    engine = edgespec.load(qwen35, "mtp", n_ctx=256, tree_width=width)
+    runs, draws, accepted = 600 if width == 1 else 2000, [], 0  # the i.i.d. rule on siblings is a smaller error
     for seed in range(runs):
         result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=temperature, seed=seed, chat=False,
                                  draft_max=1)
-        assert result.stats.drafted >= 1
+        assert result.stats.drafted >= 1 and (width == 1 or result.stats.tree_nodes > 1)
         draws.append(result.tokens[0])
         accepted += result.stats.accepted
     assert runs * 0.1 < accepted < runs * 0.9  # kept and rejected drafts, both many times
