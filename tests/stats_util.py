@@ -156,3 +156,38 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
     if gate is not None:
         assert min(verdicts[True], verdicts[False]) > runs // 10, verdicts
     return drafted
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def first_logits(model, prompt: str) -> np.ndarray:
+    """A GGUF target's logits (float64) of the first token after `prompt` (no chat template)."""
+    from edgespec.backends.llama.backend import LlamaBackend
+
+    target = LlamaBackend(model, n_ctx=256, n_threads=2, sequences=1)
+    try:
+        return target.forward(target.tokenize(prompt, special=False), 1)[-1].astype(np.float64)
+    finally:
+        target.close()
+
+
+def drafted_first_token_p(engine, prompt: str, law: np.ndarray, runs: int, temperature: float, **options
+                          ) -> tuple[float, int]:
+    """(p-value, drafts kept) of the first token of `runs` answers to `prompt` (seeds 0..runs-1, draft_max 1: the loop
+    drafts it, its prefill pass verifying it) against the target's law there: cells for the tokens likely enough,
+    and the rest. options: generate's (chat=False for a raw prompt)."""
+    draws, accepted = [], 0
+    for seed in range(runs):
+        result = engine.generate(prompt, max_tokens=2, temperature=temperature, seed=seed, draft_max=1, **options)
+        assert result.stats.drafted >= 1
+        draws.append(result.tokens[0])
+        accepted += result.stats.accepted
+    cells = [x for x in range(len(law)) if law[x] * runs >= 5]
+    expected = [law[x] for x in cells]
+    observed = [draws.count(x) for x in cells]
+    expected.append(1 - sum(expected))
+    observed.append(runs - sum(observed))
+    return stats.chisquare(observed, np.array(expected) * runs).pvalue, accepted

@@ -128,3 +128,17 @@ def write(writer, path: str | os.PathLike | None = None) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_new(writer, path: str | os.PathLike) -> Path:
+    """Write the writer's file to `path` under a temporary name beside it, renamed when whole: a failure leaves
+    nothing at path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        write(writer, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

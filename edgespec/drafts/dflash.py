@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 
 import numpy as np
 
-from edgespec.backends.llama.ext import DECODE, LayerInputs, ext, nextn_rows, target_layer_ids
-from edgespec.backends.llama.lib import check_gguf_file
+from edgespec.backends.llama.ext import DECODE
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import DraftTree, chain_with_siblings, grow_tree
 from edgespec.drafts.eagle3 import head_ids
-from edgespec.drafts.llama_head import LlamaHeadDrafter
+from edgespec.drafts.llama_head import LayerReadingDrafter
 from edgespec.errors import EdgespecError
 
 
@@ -39,58 +39,35 @@ def _meta(model, key: str) -> str | None:
     return buf.value.decode() if _lib().llama_model_meta_val_str(model, key.encode(), buf, 64) >= 0 else None
 
 
-class DFlashDrafter(LlamaHeadDrafter):
+class DFlashDrafter(LayerReadingDrafter):
     """Drafts chains from a DFlash GGUF against a LlamaBackend target (one stream)."""
 
+    what = "a DFlash draft"
+
     def __init__(self, path: str | os.PathLike, target, *, n_threads: int | None = None):
-        path = check_gguf_file(path)
-        if not hasattr(target, "on_pass"):
-            raise EdgespecError(f"a DFlash draft reads the target's layers inside llama.cpp: {target.name} is not a "
-                                "GGUF target")
-        if target.on_pass is not None:
-            raise EdgespecError(f"{target.name} already feeds another draft's states")
+        path = Path(path)
+        self.load(path, target)
         lib = _lib()
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = target.n_gpu_layers
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise EdgespecError(f"llama.cpp could not load the DFlash draft {path}")
-        self.layers = target_layer_ids(self._model)
-        if _meta(self._model, "dflash.selector_top_k") or _meta(self._model, "general.architecture") != "dflash":
-            lib.llama_model_free(self._model)
-            raise EdgespecError(f"{path.name}: edgespec drives DFlash block drafts, not DFlash2 selectors")
-        if not self.layers or any(layer > target.n_layer for layer in self.layers):
-            lib.llama_model_free(self._model)
-            raise EdgespecError(f"{path.name} reads target layers {self.layers}; {target.name} has {target.n_layer}")
+        if _meta(self._model, "dflash.selector_top_k") or _meta(self._model, "general.architecture") != "dflash" \
+                or not self.layers:
+            self._free_model()
+            raise EdgespecError(f"{path.name}: edgespec drives DFlash block drafts reading target layers, not "
+                                "DFlash2 selectors")
         self.block_size = int(_meta(self._model, "dflash.block_size") or 16)
         self.mask = lib.llama_vocab_mask(lib.llama_model_get_vocab(self._model))
         ctx = lib.llama_init_from_model(self._model, self.decoder_params(target, n_threads))
         if not ctx:
-            lib.llama_model_free(self._model)
+            self._free_model()
             raise EdgespecError(f"{path.name} is not a DFlash draft llama.cpp can run beside {target.name}")
         lib.llama_set_causal_attn(ctx, _meta(self._model, "dflash.attention.causal") == "true")
         self.ids = head_ids(path, target.vocab.n_vocab)
         self.name = f"dflash:{path.name}"
         self.attach(ctx, target, len(self.layers) * target.n_embd)  # g[P]: the target's features at P
-        self.inputs = LayerInputs(target, [layer for layer in self.layers if layer < target.n_layer])
-        if target.n_layer in self.layers:  # the id n_layer: the target's final pre-norm state
-            ext("set_embeddings_nextn")(target._ctx, True, False)
-
-    def close(self) -> None:
-        if getattr(self, "inputs", None) is not None and self.target.on_pass == self._read_target:
-            self.inputs.close()
-        self.release()
-        if self._model:
-            _lib().llama_model_free(self._model)
-            self._model = None
+        self.read_layers(target)
 
     def _read_target(self, positions: list[int]) -> None:
         """After a target pass: its rows' features, g[P] for each position."""
-        n = len(positions)
-        rows = self.inputs.read(n)  # [len(inputs), n, E]
-        if len(self.inputs.layers) < len(self.layers):
-            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
-        self.g[positions] = rows.transpose(1, 0, 2).reshape(n, -1)  # [n, layers x E], layers in file order
+        self.g[positions] = self.features(len(positions))
 
     def _commit(self, context: list[int]) -> None:
         """The features of positions len(self.context) - 1 .. len(context) - 2 into the draft's cache."""

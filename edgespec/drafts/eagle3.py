@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.backends.llama.ext import ENCODE, LayerInputs, ext, nextn_rows, target_layer_ids
-from edgespec.backends.llama.lib import check_gguf_file
+from edgespec.backends.llama.ext import ENCODE, nextn_rows
 from edgespec.backends.llama.lib import lib as _lib
-from edgespec.drafts.llama_head import LlamaHeadDrafter
+from edgespec.drafts.llama_head import LayerReadingDrafter
 from edgespec.errors import EdgespecError
 
 PENDING = 64  # target rows kept for the encoder before it runs without a draft asking
@@ -42,59 +41,32 @@ def head_ids(path: str | os.PathLike, n_vocab: int) -> np.ndarray | None:
     return ids
 
 
-class Eagle3Drafter(LlamaHeadDrafter):
+class Eagle3Drafter(LayerReadingDrafter):
     """Drafts chains from an EAGLE-3 GGUF against a LlamaBackend target (one stream)."""
 
+    what = "an EAGLE-3 head"
+
     def __init__(self, path: str | os.PathLike, target, *, n_threads: int | None = None):
-        path = check_gguf_file(path)
-        if not hasattr(target, "on_pass"):
-            raise EdgespecError(f"an EAGLE-3 head reads the target's layers inside llama.cpp: {target.name} is not "
-                                "a GGUF target")
-        if target.on_pass is not None:
-            raise EdgespecError(f"{target.name} already feeds another draft's states")
+        path = Path(path)
+        self.load(path, target)
         lib = _lib()
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = target.n_gpu_layers
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise EdgespecError(f"llama.cpp could not load the EAGLE-3 head {path}")
-        self.layers = target_layer_ids(self._model)
         cparams = self.decoder_params(target, n_threads)  # its graph takes the target's embeddings, output layer
         ctx = lib.llama_init_from_model(self._model, cparams) if len(self.layers) == 3 else None
         if not ctx:
-            lib.llama_model_free(self._model)
+            self._free_model()
             raise EdgespecError(f"{path.name} is not an EAGLE-3 head llama.cpp can run beside {target.name} "
                                 f"(it reads target layers {self.layers}; an EAGLE-3 head reads three)")
         self.ids = head_ids(path, target.vocab.n_vocab)
         self.pending: dict[int, np.ndarray] = {}  # position -> the target's features there, not encoded yet
         self.name = f"eagle3:{path.name}"
         self.attach(ctx, target, lib.llama_model_n_embd(self._model))
-        last = [layer for layer in self.layers if layer >= target.n_layer]
-        if any(layer > target.n_layer for layer in last):
-            self.close()
-            raise EdgespecError(f"{path.name} reads target layers {self.layers}; {target.name} has {target.n_layer}")
-        self.inputs = LayerInputs(target, [layer for layer in self.layers if layer < target.n_layer])
-        if last:  # the id n_layer: the target's final pre-norm state
-            ext("set_embeddings_nextn")(target._ctx, True, False)
-
-    def close(self) -> None:
-        if getattr(self, "inputs", None) is not None and self.target.on_pass == self._read_target:
-            self.inputs.close()
-        self.release()
-        if self._model:
-            _lib().llama_model_free(self._model)
-            self._model = None
+        self.read_layers(target)
 
     def _read_target(self, positions: list[int]) -> None:
         """After a target pass: its rows' features, kept by position until the head's encoder reads them (in
         _encode, when the head drafts, or once PENDING have gathered): a pass the head drafts nothing after costs
         a copy of its rows, not an encoder call."""
-        n = len(positions)
-        rows = self.inputs.read(n)  # [len(inputs), n, E]
-        if len(self.inputs.layers) < 3:
-            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
-        features = rows.transpose(1, 0, 2).reshape(n, -1)  # [n, 3E], layers in file order
-        self.pending.update(zip(positions, features, strict=True))
+        self.pending.update(zip(positions, self.features(len(positions)), strict=True))
         if len(self.pending) >= PENDING:
             self._encode()
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.backends.llama.ext import DECODE, ExtBatch, ext, nextn_rows
+from edgespec.backends.llama.ext import DECODE, ExtBatch, LayerInputs, ext, nextn_rows, target_layer_ids
+from edgespec.backends.llama.lib import check_gguf_file
 from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import Drafter, DraftTree, chain_with_siblings, grow_tree, head_round_costs
+from edgespec.errors import EdgespecError
 
 
 class LlamaHeadDrafter(Drafter):
@@ -38,6 +40,16 @@ class LlamaHeadDrafter(Drafter):
     trees = True  # a chain and sibling leaves (propose_tree)
     ids: np.ndarray | None = None
     all_outputs = True  # every entry of a call an output (_entries); False: the last, states read unmasked
+
+    @staticmethod
+    def check_target(target, what: str) -> None:
+        """The errors for a target this decoder cannot read states from: not a GGUF one, or one that feeds
+        another draft already (what: the draft in words, "an MTP layer")."""
+        if not hasattr(target, "on_pass"):
+            raise EdgespecError(f"{what} reads the target's states inside llama.cpp: {target.name} is not a GGUF "
+                                "target")
+        if target.on_pass is not None:
+            raise EdgespecError(f"{target.name} already feeds another draft's states")
 
     @staticmethod
     def decoder_params(target, n_threads: int | None):
@@ -165,3 +177,49 @@ class LlamaHeadDrafter(Drafter):
         """Seconds per draft step, beside start_cost per round (medians of reps), for the controller's prior."""
         self.start_cost, step = head_round_costs(self, list(range(1, 17)), reps, k)
         return step
+
+
+class LayerReadingDrafter(LlamaHeadDrafter):
+    """A decoder loaded from a file of its own that reads the inputs of chosen target layers (`layers`, llama.cpp's
+    target_layer_ids; the id n_layer is the target's final pre-norm state): EAGLE-3 heads and DFlash drafts."""
+
+    what = "a draft"  # in words, for errors
+
+    def load(self, path, target) -> None:
+        """Load the draft's model (`_model`) and its target layers, with the errors for a target it cannot read."""
+        path = check_gguf_file(path)
+        self.check_target(target, self.what)
+        lib = _lib()
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = target.n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load {self.what} from {path}")
+        self.layers = target_layer_ids(self._model)
+        if any(layer > target.n_layer for layer in self.layers):
+            self._free_model()
+            raise EdgespecError(f"{path.name} reads target layers {self.layers}; {target.name} has {target.n_layer}")
+
+    def read_layers(self, target) -> None:
+        """Every later pass of the target keeps the inputs of the draft's layers (after attach)."""
+        self.inputs = LayerInputs(target, [layer for layer in self.layers if layer < target.n_layer])
+        if target.n_layer in self.layers:  # the id n_layer: the target's final pre-norm state
+            ext("set_embeddings_nextn")(target._ctx, True, False)
+
+    def features(self, n: int) -> np.ndarray:
+        """The target's features of the n rows of its last pass: [n, len(layers) x E], layers in file order."""
+        rows = self.inputs.read(n)  # [len(inputs), n, E]
+        if len(self.inputs.layers) < len(self.layers):
+            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
+        return rows.transpose(1, 0, 2).reshape(n, -1)
+
+    def close(self) -> None:
+        if getattr(self, "inputs", None) is not None and self.target.on_pass == self._read_target:
+            self.inputs.close()
+        self.release()
+        self._free_model()
+
+    def _free_model(self) -> None:
+        if getattr(self, "_model", None):
+            _lib().llama_model_free(self._model)
+            self._model = None

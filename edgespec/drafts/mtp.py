@@ -29,11 +29,7 @@ class MtpDrafter(LlamaHeadDrafter):
     all_outputs = False  # its graph selects the output rows: the committed entries need no logits but the last's
 
     def __init__(self, target, *, n_threads: int | None = None):
-        if not hasattr(target, "on_pass"):
-            raise EdgespecError(f"MTP layers run inside llama.cpp beside their target: {target.name} is not a GGUF "
-                                "target")
-        if target.on_pass is not None:
-            raise EdgespecError(f"{target.name} already feeds another draft's states")
+        self.check_target(target, "an MTP layer")
         lib = _lib()
         n_layers = lib.llama_model_n_layer_nextn(target._model)
         if not getattr(target, "load_mtp", False) or n_layers < 1:

@@ -80,12 +80,4 @@ def write_random_dflash(path: str | os.PathLike, target: str | os.PathLike, *, l
         tensors["d2t"] = np.asarray(draft_ids, dtype=np.int64)
     for name, value in tensors.items():
         writer.add_tensor(name, value)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        gguf_file.write(writer, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return gguf_file.write_new(writer, path)

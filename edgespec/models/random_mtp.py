@@ -30,8 +30,6 @@ def write_random_qwen35_mtp(path: str | os.PathLike, *, layers: int = 4, embd: i
                             tokenizer: str | os.PathLike | None = None) -> Path:
     """Write a qwen35 GGUF of `layers` trunk layers (every fourth full attention) and one MTP layer, float32,
     written under a temporary name and renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fields, tokens, types = _tokenizer_fields(n_vocab, tokenizer)
     rng = np.random.default_rng(seed)
     tensors = _tensors(rng, layers, embd, heads, kv_heads, head_dim, ff, n_vocab, sharpness, mtp_noise)
@@ -63,13 +61,7 @@ def write_random_qwen35_mtp(path: str | os.PathLike, *, layers: int = 4, embd: i
     writer.add_token_types(types)
     for name, value in tensors.items():
         writer.add_tensor(name, value)
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        gguf_file.write(writer, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return gguf_file.write_new(writer, path)
 
 
 # the gated delta net's sizes: 2 key heads and 4 value heads of 16 (Qwen3.5's proportions, scaled down)

@@ -10,8 +10,7 @@ drafted: block row 1 after the prompt's last token."""
 
 import numpy as np
 import pytest
-from scipy import stats
-from stats_util import ALPHA, target_instead_of_residual
+from stats_util import ALPHA, drafted_first_token_p, first_logits, softmax, target_instead_of_residual
 
 import edgespec
 from edgespec.decode import rule as rule_module
@@ -24,25 +23,14 @@ LAW_PROMPT = "Once upon a time, in a small"
 LAYERS = [2, 15, 28]  # layer inputs, as the converter writes them (the checkpoint's ids + 1)
 
 
-def softmax(x):
-    e = np.exp(x - x.max())
-    return e / e.sum()
+@pytest.fixture(scope="module")
+def law_logits(default_gguf):
+    return first_logits(default_gguf, LAW_PROMPT)
 
 
 @pytest.fixture(scope="module")
-def first_logits(default_gguf):
-    from edgespec.backends.llama.backend import LlamaBackend
-
-    target = LlamaBackend(default_gguf, n_ctx=256, n_threads=2, sequences=1)
-    try:
-        return target.forward(target.tokenize(LAW_PROMPT, special=False), 1)[-1].astype(np.float64)
-    finally:
-        target.close()
-
-
-@pytest.fixture(scope="module")
-def block(default_gguf, first_logits, tmp_path_factory):
-    ids = np.sort(np.argsort(first_logits)[::-1][:12])
+def block(default_gguf, law_logits, tmp_path_factory):
+    ids = np.sort(np.argsort(law_logits)[::-1][:12])
     return write_random_dflash(tmp_path_factory.mktemp("dflash") / "block.gguf", default_gguf, layers=LAYERS,
                                draft_ids=ids)
 
@@ -80,25 +68,13 @@ def test_greedy_text_is_target_only_text(default_gguf, block):
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_drafted_token_follows_the_target_law(default_gguf, block, first_logits, monkeypatch, broken, temperature):
+def test_a_drafted_token_follows_the_target_law(default_gguf, block, law_logits, monkeypatch, broken, temperature):
     """600 answers whose first token the block drafted: its law is the target's (cells for the tokens likely
     enough, and the rest). Without the residual step the test fails at the same alpha."""
-    first_law = softmax(first_logits / temperature)
     if broken:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     engine = edgespec.load(default_gguf, str(block), n_ctx=256)
-    runs, draws, accepted = 600, [], 0
-    for seed in range(runs):
-        result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=temperature, seed=seed, chat=False,
-                                 draft_max=1)
-        assert result.stats.drafted >= 1
-        draws.append(result.tokens[0])
-        accepted += result.stats.accepted
-    assert runs * 0.1 < accepted < runs * 0.9  # kept and rejected drafts, both many times
-    cells = [x for x in range(len(first_law)) if first_law[x] * runs >= 5]
-    expected = [first_law[x] for x in cells]
-    observed = [draws.count(x) for x in cells]
-    expected.append(1 - sum(expected))
-    observed.append(runs - sum(observed))
-    p = stats.chisquare(observed, np.array(expected) * runs).pvalue
-    assert (p < ALPHA) == broken, (p, observed)
+    p, accepted = drafted_first_token_p(engine, LAW_PROMPT, softmax(law_logits / temperature), 600, temperature,
+                                        chat=False)
+    assert 600 * 0.1 < accepted < 600 * 0.9  # kept and rejected drafts, both many times
+    assert (p < ALPHA) == broken, p

@@ -10,8 +10,7 @@ token after a prompt too (its prefill pass verifies it), so that token is the on
 
 import numpy as np
 import pytest
-from scipy import stats
-from stats_util import ALPHA, target_instead_of_residual
+from stats_util import ALPHA, drafted_first_token_p, first_logits, softmax, target_instead_of_residual
 
 import edgespec
 from edgespec.decode import rule as rule_module
@@ -23,21 +22,10 @@ LAW_PROMPT = "Once upon a time, in a small"  # the next token is " town" half th
 LAYERS = [2, 15, 27]
 
 
-def softmax(x):
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
 @pytest.fixture(scope="module")
 def first_law(default_gguf):
     """The target's law of the first token after LAW_PROMPT (t = 1, no filters)."""
-    from edgespec.backends.llama.backend import LlamaBackend
-
-    target = LlamaBackend(default_gguf, n_ctx=256, n_threads=2, sequences=1)
-    try:
-        return softmax(target.forward(target.tokenize(LAW_PROMPT, special=False), 1)[-1].astype(np.float64))
-    finally:
-        target.close()
+    return softmax(first_logits(default_gguf, LAW_PROMPT))
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +70,9 @@ def test_a_drafted_token_follows_the_target_law_at_t1(default_gguf, head, first_
     if broken:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     engine = edgespec.load(default_gguf, str(head[0]), n_ctx=256)
-    runs, draws, accepted = 600, [], 0
-    for seed in range(runs):
-        result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=1.0, seed=seed, chat=False, draft_max=1)
-        assert result.stats.drafted >= 1
-        draws.append(result.tokens[0])
-        accepted += result.stats.accepted
-    assert runs * 0.1 < accepted < runs * 0.6  # kept and rejected drafts, both many times
-    cells = [x for x in range(len(first_law)) if first_law[x] * runs >= 5]
-    expected = [first_law[x] for x in cells]
-    observed = [draws.count(x) for x in cells]
-    expected.append(1 - sum(expected))
-    observed.append(runs - sum(observed))
-    p = stats.chisquare(observed, np.array(expected) * runs).pvalue
-    assert (p < ALPHA) == broken, (p, observed)
+    p, accepted = drafted_first_token_p(engine, LAW_PROMPT, first_law, 600, 1.0, chat=False)
+    assert 600 * 0.1 < accepted < 600 * 0.6  # kept and rejected drafts, both many times
+    assert (p < ALPHA) == broken, p
 
 
 def test_the_training_graph_drafts_as_llama_cpp_does(default_gguf, smollm2_checkpoint, tmp_path):

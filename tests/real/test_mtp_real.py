@@ -10,10 +10,15 @@ peaked over a few, and the MTP layer's law of the token after next near the targ
 projection passes its token's embedding through, perturbed), so drafts are kept and rejected both many times. The
 loop drafts the first token after a prompt (its prefill pass verifies it), so that token is the one drafted."""
 
-import numpy as np
 import pytest
-from scipy import stats
-from stats_util import ALPHA, judged_with_replacement, target_instead_of_residual
+from stats_util import (
+    ALPHA,
+    drafted_first_token_p,
+    first_logits,
+    judged_with_replacement,
+    softmax,
+    target_instead_of_residual,
+)
 
 import edgespec
 from edgespec.decode import rule as rule_module
@@ -24,26 +29,15 @@ from edgespec.pair import resolve_pair
 LAW_PROMPT = "Once upon a time, in a small"
 
 
-def softmax(x):
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
 @pytest.fixture(scope="module")
 def qwen35(default_gguf, tmp_path_factory):
     return write_random_qwen35_mtp(tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf", tokenizer=default_gguf)
 
 
 @pytest.fixture(scope="module")
-def first_logits(qwen35):
+def law_logits(qwen35):
     """The target's logits of the first token after LAW_PROMPT."""
-    from edgespec.backends.llama.backend import LlamaBackend
-
-    target = LlamaBackend(qwen35, n_ctx=256, n_threads=2, sequences=1)
-    try:
-        return target.forward(target.tokenize(LAW_PROMPT, special=False), 1)[-1].astype(np.float64)
-    finally:
-        target.close()
+    return first_logits(qwen35, LAW_PROMPT)
 
 
 def test_mtp_resolves_for_a_qwen35_target_and_says_why_not_for_one_without(qwen35, default_gguf):
@@ -76,31 +70,20 @@ def test_greedy_text_is_target_only_text(qwen35):
 
 @pytest.mark.parametrize("temperature, width", [(0.7, 1), (1.0, 1), (1.0, 3)])
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_drafted_token_follows_the_target_law(qwen35, first_logits, monkeypatch, broken, temperature, width):
+def test_a_drafted_token_follows_the_target_law(qwen35, law_logits, monkeypatch, broken, temperature, width):
     """600 answers at t = 0.7 and 1 whose first token the MTP layer drafted (2000 at width 3: with two siblings,
     verified as distinct candidates): its law is the target's (cells for the tokens likely enough, and the rest).
     Without the residual step (chains), or judging the siblings by the rule for i.i.d. candidates (trees), the test
     fails at the same alpha (p about 1e-11 at t = 1 where the right rule gives 0.2)."""
     from edgespec.decode import verify as verify_module
 
-    first_law = softmax(first_logits / temperature)
     if broken and width == 1:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     elif broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
     engine = edgespec.load(qwen35, "mtp", n_ctx=256, tree_width=width)
-    runs, draws, accepted = 600 if width == 1 else 2000, [], 0  # the i.i.d. rule on siblings is a smaller error
-    for seed in range(runs):
-        result = engine.generate(LAW_PROMPT, max_tokens=2, temperature=temperature, seed=seed, chat=False,
-                                 draft_max=1)
-        assert result.stats.drafted >= 1 and (width == 1 or result.stats.tree_nodes > 1)
-        draws.append(result.tokens[0])
-        accepted += result.stats.accepted
+    runs = 600 if width == 1 else 2000  # the i.i.d. rule on siblings is a smaller error
+    p, accepted = drafted_first_token_p(engine, LAW_PROMPT, softmax(law_logits / temperature), runs, temperature,
+                                        chat=False)
     assert runs * 0.1 < accepted < runs * 0.9  # kept and rejected drafts, both many times
-    cells = [x for x in range(len(first_law)) if first_law[x] * runs >= 5]
-    expected = [first_law[x] for x in cells]
-    observed = [draws.count(x) for x in cells]
-    expected.append(1 - sum(expected))
-    observed.append(runs - sum(observed))
-    p = stats.chisquare(observed, np.array(expected) * runs).pvalue
-    assert (p < ALPHA) == broken, (p, observed)
+    assert (p < ALPHA) == broken, p
