@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backends import gguf_file
-from edgespec.models.random_gguf import INIT_STD, _tokenizer_fields
+from edgespec.models.random_gguf import _tokenizer_fields
+from edgespec.models.random_mtp import float_writer, initialisers
 
 
 def write_random_dflash(path: str | os.PathLike, target: str | os.PathLike, *, layers: list[int],
@@ -30,38 +31,16 @@ def write_random_dflash(path: str | os.PathLike, target: str | os.PathLike, *, l
 
     info = read_model_info(target)
     embd, n_vocab = info.n_embd, info.n_vocab
-    fields, tokens, types = _tokenizer_fields(n_vocab, target)
     mask_token = n_vocab - 1 if mask_token is None else mask_token
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, std=INIT_STD):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
-
+    normal, ones = initialisers(np.random.default_rng(seed))
     arch = "dflash"
-    writer = gguf_file.new_writer(None, arch)
-    writer.add_name(f"random dflash {n_layer}x{embd} for {Path(target).name}")
-    writer.add_block_count(n_layer)
-    writer.add_context_length(info.n_ctx_train or 8192)
-    writer.add_embedding_length(embd)
-    writer.add_feed_forward_length(ff)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(100000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
+    writer = float_writer(arch, f"random dflash {n_layer}x{embd} for {Path(target).name}",
+                          _tokenizer_fields(n_vocab, target), blocks=n_layer, n_ctx=info.n_ctx_train or 8192,
+                          embd=embd, ff=ff, heads=heads, kv_heads=kv_heads, head_dim=head_dim, rope_base=100000.0,
+                          skip=("tokenizer.ggml.mask_token_id",))
     writer.add_array(f"{arch}.target_layers", [int(i) for i in layers])
     writer.add_uint32(f"{arch}.block_size", block_size)
     writer.add_bool(f"{arch}.attention.causal", False)
-    writer.add_vocab_size(n_vocab)
-    writer.add_file_type(gguf_file.float_file_type("f32"))
-    gguf_file.copy_fields(writer, fields.values(), lambda name: name in (
-        "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.mask_token_id"))
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
     writer.add_mask_token_id(mask_token)
 
     tensors = {"fc.weight": normal(embd, len(layers) * embd), "enc.output_norm.weight": ones(embd),

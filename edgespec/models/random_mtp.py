@@ -30,14 +30,32 @@ def write_random_qwen35_mtp(path: str | os.PathLike, *, layers: int = 4, embd: i
                             tokenizer: str | os.PathLike | None = None) -> Path:
     """Write a qwen35 GGUF of `layers` trunk layers (every fourth full attention) and one MTP layer, float32,
     written under a temporary name and renamed."""
-    fields, tokens, types = _tokenizer_fields(n_vocab, tokenizer)
     rng = np.random.default_rng(seed)
     tensors = _tensors(rng, layers, embd, heads, kv_heads, head_dim, ff, n_vocab, sharpness, mtp_noise)
-    writer = gguf_file.new_writer(None, "qwen35")
     arch = "qwen35"
-    writer.add_name(f"random qwen35 {layers}x{embd} + MTP")
-    writer.add_block_count(layers + 1)  # the MTP layer is the last block
+    writer = float_writer(arch, f"random qwen35 {layers}x{embd} + MTP", _tokenizer_fields(n_vocab, tokenizer),
+                          blocks=layers + 1, n_ctx=n_ctx, embd=embd, ff=ff, heads=heads, kv_heads=kv_heads,
+                          head_dim=head_dim, rope_base=10_000_000.0)  # the MTP layer is the last block
     writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    writer.add_rope_dimension_count(head_dim)
+    quarter = head_dim // 4  # interleaved multi-section RoPE over the rotated half: text uses the first three
+    writer.add_array(f"{arch}.rope.dimension_sections", [quarter, quarter, head_dim // 2 - 2 * quarter, 0])
+    writer.add_uint32(f"{arch}.full_attention_interval", 4)
+    for key, value in SSM.items():
+        writer.add_uint32(f"{arch}.ssm.{key}", value)
+    for name, value in tensors.items():
+        writer.add_tensor(name, value)
+    return gguf_file.write_new(writer, path)
+
+
+def float_writer(arch: str, name: str, tokenizer: tuple, *, blocks: int, n_ctx: int, embd: int, ff: int, heads: int,
+                 kv_heads: int, head_dim: int, rope_base: float, skip: tuple[str, ...] = ()):
+    """A GGUFWriter of a float32 model of `arch` with the attention shapes given and a tokenizer
+    (random_gguf._tokenizer_fields's fields, tokens and types; the fields named in skip left out)."""
+    fields, tokens, types = tokenizer
+    writer = gguf_file.new_writer(None, arch)
+    writer.add_name(name)
+    writer.add_block_count(blocks)
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(embd)
     writer.add_feed_forward_length(ff)
@@ -45,23 +63,27 @@ def write_random_qwen35_mtp(path: str | os.PathLike, *, layers: int = 4, embd: i
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    quarter = head_dim // 4  # interleaved multi-section RoPE over the rotated half: text uses the first three
-    writer.add_array(f"{arch}.rope.dimension_sections", [quarter, quarter, head_dim // 2 - 2 * quarter, 0])
-    writer.add_rope_freq_base(10_000_000.0)
+    writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_uint32(f"{arch}.full_attention_interval", 4)
-    for key, value in SSM.items():
-        writer.add_uint32(f"{arch}.ssm.{key}", value)
-    writer.add_vocab_size(n_vocab)
+    writer.add_vocab_size(len(tokens))
     writer.add_file_type(gguf_file.float_file_type("f32"))
-    gguf_file.copy_fields(writer, fields.values(), lambda name: name in (
-        "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"))
+    gguf_file.copy_fields(writer, fields.values(), lambda field: field in (
+        "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores", *skip))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    for name, value in tensors.items():
-        writer.add_tensor(name, value)
-    return gguf_file.write_new(writer, path)
+    return writer
+
+
+def initialisers(rng):
+    """(normal(*shape, std=INIT_STD), ones(n)): float32 weights as a fresh checkpoint holds them."""
+
+    def normal(*shape, std=INIT_STD):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, dtype=np.float32)
+
+    return normal, ones
 
 
 # the gated delta net's sizes: 2 key heads and 4 value heads of 16 (Qwen3.5's proportions, scaled down)
@@ -70,12 +92,7 @@ SSM = {"conv_kernel": 4, "state_size": 16, "group_count": 2, "time_step_rank": 4
 
 def _tensors(rng, layers, embd, heads, kv_heads, head_dim, ff, n_vocab, sharpness, mtp_noise) -> dict:
     """name -> float32 array, numpy shapes [rows, columns] (ggml's dimensions reversed)."""
-
-    def normal(*shape, std=INIT_STD):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
+    normal, ones = initialisers(rng)
 
     def attention(i):
         return {f"blk.{i}.attn_q.weight": normal(2 * heads * head_dim, embd),  # queries and their gates
