@@ -84,7 +84,7 @@ class DFlashDrafter(LayerReadingDrafter):
     def _stepping(self, context, draft, k: int = MAX_OUTPUTS):
         """draft(first, step) as LlamaHeadDrafter's, from one block decode of up to min(k, block_size - 1) laws
         (step returns None past them)."""
-        k = min(k, self.block_size - 1)
+        k = min(k, self.block_size - 1, MAX_OUTPUTS - 1)  # the block's rows are all outputs
         self._commit(context)
         first = len(context) - 1
         for i in range(k + 1):  # every row an output: the graph selects none (see LlamaHeadDrafter._entries)
@@ -100,7 +100,7 @@ class DFlashDrafter(LayerReadingDrafter):
 
     def propose(self, context, k, params, rng, gate=None):
         """A chain of up to min(k, block_size - 1) tokens and their laws, from one block decode."""
-        k = min(k, self.block_size - 1)
+        k = min(k, self.block_size - 1, MAX_OUTPUTS - 1)
         if k <= 0 or len(context) < 2:
             return [], np.zeros((0, self.n_vocab))
         tree = self._stepping(context, lambda first, step: chain_with_siblings(

@@ -30,6 +30,8 @@ from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import Drafter, DraftTree, chain_with_siblings, grow_tree, head_round_costs
 from edgespec.errors import EdgespecError
 
+HEAD_BATCH = 64  # rows of a decoder's llama.cpp batch (decoder_params)
+
 
 class LlamaHeadDrafter(Drafter):
     """Chains from a decoder context `_ctx` (memory `_mem`, extended batch `batch`) whose entries pair a token with a
@@ -55,10 +57,16 @@ class LlamaHeadDrafter(Drafter):
     def decoder_params(target, n_threads: int | None):
         """llama.cpp context parameters of a decoder beside `target` (a LlamaBackend): room for entries of the text
         and a proposal drafted past its end, one sequence, the target's context as its other (whose embeddings,
-        output layer or memory the decoder's graph may take)."""
+        output layer or memory the decoder's graph may take), batches of HEAD_BATCH rows.
+
+        llama.cpp sizes a context's logits buffer for n_outputs_max rows of the whole vocabulary, and for a model
+        with an encoder (EAGLE-3, DFlash) that is n_batch rows whatever is asked: at the target's 512 a 248k-token
+        vocabulary would hold 0.5 GB for a head that outputs one row a step. A round writes a few entries; a
+        prompt's, HEAD_BATCH at a time."""
         cparams = _lib().llama_context_default_params()
         cparams.n_ctx = target.n_ctx + MAX_OUTPUTS
-        cparams.n_batch = cparams.n_ubatch = min(target.n_batch, cparams.n_ctx)
+        cparams.n_batch = cparams.n_ubatch = min(HEAD_BATCH, cparams.n_ctx)
+        cparams.n_outputs_max = MAX_OUTPUTS
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = n_threads or target.n_threads
         cparams.no_perf = True
