@@ -13,30 +13,25 @@ The laws of a block are the draft's marginals: row i does not see the tokens dra
 drafted token from its row is a draft whose law at position i, given the drafted prefix, is that row, and the
 rejection rule judges it like any other: the output is the target's law at every temperature (llama-server instead
 keeps each row's top token and matches it). A reduced vocabulary (`d2t`) is a law with mass 0 outside its ids, as for
-EAGLE-3. Chains of at most block_size - 1 tokens; DFlash2's selector and DSpark's Markov head are not driven here.
+EAGLE-3. Chains of at most block_size - 1 tokens; DFlash2's selector and DSpark's Markov head are refused.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.backends.llama.ext import DECODE
+from edgespec.backends.llama.lib import check_gguf_file
 from edgespec.backends.llama.lib import lib as _lib
+from edgespec.backends.model_info import read_gguf_header
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.drafts.base import DraftTree, chain_with_siblings, grow_tree
 from edgespec.drafts.eagle3 import head_ids
 from edgespec.drafts.llama_head import LayerReadingDrafter
 from edgespec.errors import EdgespecError
-
-
-def _meta(model, key: str) -> str | None:
-    """A metadata value of a loaded model as text (None: absent)."""
-    buf = ctypes.create_string_buffer(64)
-    return buf.value.decode() if _lib().llama_model_meta_val_str(model, key.encode(), buf, 64) >= 0 else None
 
 
 class DFlashDrafter(LayerReadingDrafter):
@@ -46,20 +41,23 @@ class DFlashDrafter(LayerReadingDrafter):
 
     def __init__(self, path: str | os.PathLike, target, *, n_threads: int | None = None):
         path = Path(path)
+        meta, tensors = read_gguf_header(check_gguf_file(path))
+        if meta.get("general.architecture") != "dflash" or meta.get("dflash.selector_top_k") \
+                or any(t.name == "markov_w1.weight" for t in tensors):
+            raise EdgespecError(f"{path.name}: edgespec drives DFlash block drafts, not DFlash2 selectors or DSpark "
+                                "Markov heads (llama-server's --spec-type draft-dflash / draft-dspark run those)")
         self.load(path, target)
-        lib = _lib()
-        if _meta(self._model, "dflash.selector_top_k") or _meta(self._model, "general.architecture") != "dflash" \
-                or not self.layers:
+        if not self.layers:
             self._free_model()
-            raise EdgespecError(f"{path.name}: edgespec drives DFlash block drafts reading target layers, not "
-                                "DFlash2 selectors")
-        self.block_size = int(_meta(self._model, "dflash.block_size") or 16)
+            raise EdgespecError(f"{path.name} names no target layers to read (dflash.target_layers)")
+        lib = _lib()
+        self.block_size = int(meta.get("dflash.block_size") or 16)
         self.mask = lib.llama_vocab_mask(lib.llama_model_get_vocab(self._model))
         ctx = lib.llama_init_from_model(self._model, self.decoder_params(target, n_threads))
         if not ctx:
             self._free_model()
             raise EdgespecError(f"{path.name} is not a DFlash draft llama.cpp can run beside {target.name}")
-        lib.llama_set_causal_attn(ctx, _meta(self._model, "dflash.attention.causal") == "true")
+        lib.llama_set_causal_attn(ctx, bool(meta.get("dflash.attention.causal", False)))
         self.ids = head_ids(path, target.vocab.n_vocab)
         self.name = f"dflash:{path.name}"
         self.attach(ctx, target, len(self.layers) * target.n_embd)  # g[P]: the target's features at P

@@ -90,3 +90,20 @@ def test_a_draft_model_passes_through(tmp_path, target):
     pair = resolve_pair(target, draft)
     assert pair.draft.kind == "model" and pair.draft.source == str(draft)
     assert describe(gguf_meta(draft)) is None
+
+
+def test_dflash2_and_dspark_files_are_refused_before_anything_loads(tmp_path):
+    from edgespec.drafts.dflash import DFlashDrafter
+
+    selector = write(tmp_path / "selector.gguf", "dflash", embedding_length=576, selector_top_k=4)
+    with pytest.raises(EdgespecError, match="not DFlash2 selectors or DSpark Markov heads"):
+        DFlashDrafter(selector, None)
+    writer = gguf.GGUFWriter(str(tmp_path / "dspark.gguf"), "dflash")
+    writer.add_uint32("dflash.embedding_length", 576)
+    writer.add_tensor("markov_w1.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(EdgespecError, match="not DFlash2 selectors or DSpark Markov heads"):
+        DFlashDrafter(tmp_path / "dspark.gguf", None)
