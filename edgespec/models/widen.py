@@ -15,6 +15,11 @@ arranged so the function is the source's up to rounding.
   key/value head under the wider grouping: llama.cpp gives query head h key/value head h // group.
 - The feed-forward grows with zero gate/up rows and zero down columns (silu(0) * 0 = 0).
 
+An EAGLE-3 head converted for the source (GGUF architecture `eagle3`) widens the same way to draft for the widened
+target: its input projections read 2 (attention: [token embedding; g]) or 3 (fc: the target's three layers)
+blocks of the new width, each with the source's columns at its start, and its target_hidden_size is the new
+width. Widened to the target's shape, the head has a matching model's cost, and drafts the source head's laws.
+
 It is an instrument for costs, not a model: its text is the source's, so a draft made from the source (its own
 Q4_0, say) agrees with it as closely as with the source, more than a real 0.5B agrees with a real 7B of its family.
 Report acceptance beside any speedup measured on it (docs/drafts.md, "Widened targets").
@@ -24,6 +29,7 @@ tensor is quantized from the source's values only and its zero blocks written as
 zeros is 34 zero bytes): the 7B-class copy took 37 s on 2 CPU cores (docs/results/2026-11-28-big-pair.md).
 
 usage: python -m edgespec.models.widen SRC.gguf DST.gguf --shape 2b|7b [--type f16|q8_0|f32]
+       (SRC a llama model, or an EAGLE-3 head for one: widen both to the same shape)
        python -m edgespec.models.widen SRC.gguf DST.gguf --embd 1024 --heads 16 --kv-heads 4 --ff 4096
 """
 
@@ -53,6 +59,9 @@ class Width:
 SHAPES = {"2b": Width(2048, 32, 8, 8192), "7b": Width(4096, 64, 16, 14336)}
 TYPES = ("f32", "f16", "q8_0")
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0"}
+# how many blocks of the hidden width an architecture's input projections read: eagle3's attention reads
+# [norm(token embedding); norm(g)], its fc the target's three layers side by side
+INPUT_BLOCKS = {"llama": {}, "eagle3": {"attn_q": 2, "attn_k": 2, "attn_v": 2, "fc": 3}}
 SHAPE_KEYS = ("embedding_length", "feed_forward_length", "attention.head_count", "attention.head_count_kv")
 EPS_KEY = "attention.layer_norm_rms_epsilon"
 
@@ -67,6 +76,9 @@ class _Plan:
 
     def embd(self) -> np.ndarray:  # [old embd] the hidden dimensions: the first ones
         return np.arange(self.old.embd)
+
+    def blocks(self, n: int) -> np.ndarray:  # [n x old embd] n hidden-width blocks side by side, old ones first
+        return (np.arange(n)[:, None] * self.new.embd + self.embd()).ravel()
 
     def ff(self) -> np.ndarray:  # [old ff]
         return np.arange(self.old.ff)
@@ -92,15 +104,16 @@ def widen_gguf(src: str | os.PathLike, dst: str | os.PathLike, width: Width, dty
         raise EdgespecError(f"unknown weight type '{dtype}' for a widened model: choose one of {', '.join(TYPES)}")
     reader = gguf_file.open_gguf(src)
     arch = gguf_file.architecture(reader)
-    if arch != "llama":
-        raise EdgespecError(f"{src} is a '{arch}' model: widening knows the llama architecture only")
+    if arch not in INPUT_BLOCKS:
+        raise EdgespecError(f"{src} is a '{arch}' model: widening knows llama models and their EAGLE-3 heads")
     plan = _plan(reader, arch, width, src)
     gguf = gguf_file.lib()
     qtype = gguf.GGMLQuantizationType[dtype.upper()]
-    tensors = [(t, *_placement(t.name, int(t.shape[-1]), plan, src)) for t in reader.tensors]
+    tensors = [(t, *_placement(t.name, int(t.shape[-1]), plan, src, INPUT_BLOCKS[arch])) for t in reader.tensors]
 
     writer = gguf_file.new_writer(None, arch)
-    skip = {f"{arch}.{k}" for k in (*SHAPE_KEYS, EPS_KEY)} | {"general.file_type", "general.name"}
+    skip = ({f"{arch}.{k}" for k in (*SHAPE_KEYS, EPS_KEY, "target_hidden_size")}
+            | {"general.file_type", "general.name"})
     gguf_file.copy_fields(writer, reader.fields.values(), lambda name: name in skip)
     name = reader.fields.get("general.name")
     writer.add_name(f"{name.contents() if name else Path(src).stem} widened to {width.embd}")
@@ -109,9 +122,13 @@ def widen_gguf(src: str | os.PathLike, dst: str | os.PathLike, width: Width, dty
     writer.add_head_count(width.heads)
     writer.add_head_count_kv(width.kv_heads)
     writer.add_layer_norm_rms_eps(_scalar(reader, f"{arch}.{EPS_KEY}", src) * plan.old.embd / width.embd)
+    if arch == "eagle3":  # the width of each target layer the head reads
+        writer.add_uint32(f"{arch}.target_hidden_size", width.embd)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[dtype]))
     for t, _, _, shape in tensors:
-        if len(shape) == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        if t.name == "d2t":  # eagle3's draft-to-target id map, kept as it is
+            writer.add_tensor_info(t.name, shape, np.dtype(np.int64), 8 * int(np.prod(shape)))
+        elif len(shape) == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor_info(t.name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor_info(t.name, shape, np.dtype(np.float16), 2 * int(np.prod(shape)))
@@ -166,20 +183,32 @@ def _scalar(reader, key: str, src) -> float:
     return field.contents()
 
 
-def _placement(name: str, n_rows: int, plan: _Plan, src) -> tuple[np.ndarray | None, np.ndarray | None,
-                                                                     tuple[int, ...]]:
+def _placement(name: str, n_rows: int, plan: _Plan, src, blocks: dict[str, int]) -> tuple[
+        np.ndarray | None, np.ndarray | None, tuple[int, ...]]:
     """(old row -> new row or None where the rows stay (one per token), old column -> new column or None for a
-    vector, the new shape in numpy's order) of a tensor by its name, n_rows its rows in the source; an error for a
-    tensor widening does not know (its zeros could change the function)."""
+    vector, the new shape in numpy's order) of a tensor by its name, n_rows its rows in the source; blocks: the
+    tensors whose input is several hidden-width blocks (INPUT_BLOCKS). An error for a tensor widening does not know
+    (its zeros could change the function)."""
+    if name == "d2t":
+        return None, None, (n_rows,)
     kind = name.split(".")[-2] if name.startswith("blk.") else name.rsplit(".", 1)[0]
     new, hd = plan.new, plan.head_dim
     embd = (plan.embd(), new.embd)
+
+    def reads(kind: str):  # the columns of a projection from the hidden width, one block or several
+        n = blocks.get(kind, 1)
+        return embd if n == 1 else (plan.blocks(n), n * new.embd)
+
     axes = {"token_embd": (None, embd), "output": (None, embd), "output_norm": (embd, None),
             "attn_norm": (embd, None), "ffn_norm": (embd, None),
-            "attn_q": ((plan.q(), new.heads * hd), embd), "attn_k": ((plan.kv(), new.kv_heads * hd), embd),
-            "attn_v": ((plan.kv(), new.kv_heads * hd), embd), "attn_output": (embd, (plan.q(), new.heads * hd)),
+            "attn_q": ((plan.q(), new.heads * hd), reads("attn_q")),
+            "attn_k": ((plan.kv(), new.kv_heads * hd), reads("attn_k")),
+            "attn_v": ((plan.kv(), new.kv_heads * hd), reads("attn_v")),
+            "attn_output": (embd, (plan.q(), new.heads * hd)),
             "ffn_gate": ((plan.ff(), new.ff), embd), "ffn_up": ((plan.ff(), new.ff), embd),
             "ffn_down": (embd, (plan.ff(), new.ff))}
+    if "fc" in blocks:  # eagle3: its own norm of g, and the projection of the target's layers
+        axes |= {"attn_norm_2": (embd, None), "fc": (embd, reads("fc"))}
     if kind not in axes or not name.endswith(".weight"):
         raise EdgespecError(f"{src}'s tensor {name} is not one widening knows how to place")
     rows, cols = axes[kind]
@@ -208,6 +237,8 @@ def _widened(tensor, rows, cols, shape, plan: _Plan, qtype) -> np.ndarray:
     """The widened tensor's data as written: a vector as float32; a matrix with the source's values at their
     places and zeros elsewhere, as float32, float16 or a quantized type's bytes [rows, row bytes]."""
     gguf = gguf_file.lib()
+    if tensor.name == "d2t":
+        return np.asarray(tensor.data, dtype=np.int64)
     a = _source(tensor)
     if cols is None:  # a norm: scaled so that the wider mean of squares gives the old normalisation
         out = np.zeros(shape, dtype=np.float32)

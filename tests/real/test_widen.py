@@ -5,10 +5,14 @@ that cannot hold the source is refused before anything is written."""
 import numpy as np
 import pytest
 
+from stats_util import first_logits, softmax
+
+import edgespec
 from edgespec.backends import gguf_file
 from edgespec.backends.protocol import forward_rows
 from edgespec.errors import EdgespecError
 from edgespec.models.random_gguf import write_random_gguf
+from edgespec.export.eagle3 import convert_eagle3, random_eagle3
 from edgespec.models.widen import SHAPES, Width, widen_gguf
 
 PROMPT = "<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n<|im_start|>assistant\n"
@@ -109,6 +113,58 @@ def test_another_architecture_is_refused(tmp_path):
     writer = gguf_file.new_writer(None, "gpt2")
     writer.add_block_count(1)
     gguf_file.write(writer, tmp_path / "gpt2.gguf")
-    with pytest.raises(EdgespecError, match="'gpt2' model: widening knows the llama architecture only"):
+    with pytest.raises(EdgespecError, match="'gpt2' model: widening knows llama models and their EAGLE-3 heads"):
         widen_gguf(tmp_path / "gpt2.gguf", tmp_path / "wide.gguf", SHAPES["2b"])
     assert not (tmp_path / "wide.gguf").exists()
+
+
+LAW_PROMPT = "Once upon a time, in a small"
+
+
+@pytest.fixture(scope="module")
+def eagle3_pairs(default_gguf, smollm2_checkpoint, tmp_path_factory):
+    """The default model and an EAGLE-3 head for it (random weights over the target's 12 likeliest first tokens,
+    converted by llama.cpp's converter), both at their own width and both widened to 768, at f32: the copies'
+    logits are their sources' to float32 rounding (a Q8_0 copy is not, at a width ratio of 4/3: the activations'
+    own Q8 blocks round differently)."""
+    folder = tmp_path_factory.mktemp("widen-eagle3")
+    ids = np.argsort(softmax(first_logits(default_gguf, LAW_PROMPT)))[::-1][:12]
+    random_eagle3(folder / "head", smollm2_checkpoint, layers=[2, 15, 27], draft_ids=ids, seed=1)
+    head = convert_eagle3(folder / "head", smollm2_checkpoint, folder / "head.gguf")
+    widths = {"same": Width(576, 9, 3, 1536), "wide": Width(768, 12, 4, 2048)}
+    return {name: (widen_gguf(default_gguf, folder / f"{name}.gguf", w, "f32"),
+                   widen_gguf(head, folder / f"{name}-head.gguf", w, "f32")) for name, w in widths.items()}
+
+
+def test_an_eagle3_head_widened_with_its_target_drafts_its_laws(eagle3_pairs, monkeypatch):
+    """The widened head reads the widened target's layers (3 x 768 into fc, [embedding; g] of 2 x 768 into the
+    attention) and computes the source head's logits: over the same greedy answers (the targets agree), every
+    decoder call's logits, committed entries and draft steps alike, are the source pair's up to the rounding the
+    widened target's 30 layers add (its own logits move by 3e-4 of their range)."""
+    head = gguf_file.open_gguf(eagle3_pairs["wide"][1])
+    shapes = {t.name: [int(d) for d in t.shape] for t in head.tensors}
+    assert shapes["fc.weight"] == [3 * 768, 768] and shapes["blk.0.attn_q.weight"] == [2 * 768, 768]
+    assert head.fields["eagle3.target_hidden_size"].contents() == 768
+    from edgespec.drafts.llama_head import LlamaHeadDrafter
+
+    entries = LlamaHeadDrafter._entries
+    seen: list[np.ndarray] = []
+
+    def recorded(self, tokens, states, first):
+        state, logits = entries(self, tokens, states, first)
+        seen.append(logits.copy())
+        return state, logits
+
+    monkeypatch.setattr(LlamaHeadDrafter, "_entries", recorded)
+    runs = {}
+    for name, (target, head) in eagle3_pairs.items():
+        engine = edgespec.load(str(target), str(head), n_ctx=256)
+        seen.clear()
+        answers = [engine.generate(prompt, chat=False, max_tokens=16, temperature=0, draft_max=3)
+                   for prompt in (LAW_PROMPT, "The three primary colours are")]
+        runs[name] = [a.tokens for a in answers], list(seen), sum(a.stats.drafted for a in answers)
+    (same_text, same_logits, drafted), (wide_text, wide_logits, _) = runs["same"], runs["wide"]
+    assert wide_text == same_text and drafted >= 2 * 12
+    assert len(wide_logits) == len(same_logits) > drafted  # the draft steps and the rounds' committed entries
+    for want, got in zip(same_logits, wide_logits, strict=True):
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max() and got.argmax() == want.argmax()
