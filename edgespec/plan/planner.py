@@ -77,11 +77,12 @@ class Plan:
     capacity: int  # bytes the models and the runtime may use (VRAM on a discrete GPU)
     budget_note: str  # where capacity comes from
     models: tuple[ModelNeed, ...]
-    runtime: int  # Python, libraries, GPU context, the loop's working arrays
+    runtime: int  # Python, libraries, GPU context, the loop's working arrays, the draft heads
     drafter: str  # the draft's family (drafts/spec.DraftSpec.family): "model" | "heads" | "lookup" | "none"
     draft_window: int | None
     changes: tuple[str, ...] = ()  # what the planner changed from the preferred settings, and why
     suggestions: tuple[str, ...] = ()  # when it does not fit: changes that would
+    heads: int = 0  # of runtime: what draft heads hold (their weights, caches and buffers, or output rows)
 
     @property
     def target(self) -> ModelNeed:
@@ -237,8 +238,9 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
     gpu, discrete = profile.gpu, not profile.unified and profile.gpu is not None
     gpu_context = GPU_CONTEXT_BYTES.get(gpu, 0) if gpu and not discrete else 0  # discrete: counted in VRAM
     runtime = runtime_bytes([m for m in (target, draft) if m], gpu_context, k_max, target.n_vocab)
+    heads = 0
     if drafter == "heads":  # heads read (rows of) the target's output layer from a float32 copy, in numpy
-        runtime += target.n_vocab * target.n_embd * 4 if heads_bytes is None else heads_bytes
+        heads = target.n_vocab * target.n_embd * 4 if heads_bytes is None else heads_bytes
     draft_ctx = min(ctx, window) + MAX_DRAFT if window else 0
 
     def needs(n_target_gpu: int, n_draft_gpu: int) -> list[ModelNeed]:
@@ -248,7 +250,8 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
         return out
 
     def plan(models):
-        return Plan(profile, capacity, note, tuple(models), runtime, drafter if draft is None else "model", window)
+        return Plan(profile, capacity, note, tuple(models), runtime + heads, drafter if draft is None else "model",
+                    window, heads=heads)
 
     all_t, all_d = target.n_layer + 1, (draft.n_layer + 1 if draft else 0)
     full = plan(needs(all_t, all_d))

@@ -50,7 +50,7 @@ def to_dict(plan: Plan, prediction: dict | None = None) -> dict:
                **({"gpu_bytes": m.gpu_bytes} if plan.discrete else {})} for m in plan.models]
     out = {"device": plan.profile.name, "title": plan.profile.title, "capacity": plan.capacity,
            "capacity_from": plan.budget_note, "fits": plan.fits, "total": plan.total, "used": plan.used,
-           "missing": plan.missing, "runtime_bytes": plan.runtime, "drafter": plan.drafter,
+           "missing": plan.missing, "runtime_bytes": plan.runtime, "heads_bytes": plan.heads, "drafter": plan.drafter,
            "draft_window": plan.draft_window, "models": models, "changes": list(plan.changes),
            "suggestions": list(plan.suggestions)}
     if prediction:
@@ -78,8 +78,10 @@ def format_plan(plan: Plan, prediction: dict | None = None) -> str:
             settings += f", batch {m.n_ubatch}" + (f", GPU layers {m.n_gpu_layers}" if plan.profile.gpu else "")
         lines.append(f"{m.role:10}" + "".join(f"{mib_text(getattr(m, p)):>10}" for p in (*PARTS, "total"))
                      + f"   {m.info.name} ({m.runtime}): {settings}")
-    what = "Python, libraries, the loop's arrays" + (", the heads' output layer" if plan.drafter == "heads" else "")
-    lines.append(f"{'runtime':10}{'':60}{mib_text(plan.runtime):>10}   {what}")
+    if plan.heads:
+        lines.append(f"{'heads':10}{'':60}{mib_text(plan.heads):>10}   the draft heads: weights, cache, buffers")
+    lines.append(f"{'runtime':10}{'':60}{mib_text(plan.runtime - plan.heads):>10}   "
+                 "Python, libraries, the loop's arrays")
     lines.append(f"{'total':10}{'':60}{mib_text(plan.total):>10}")
     if plan.discrete:
         lines.append(f"in VRAM: {mib_text(plan.used)} of {mib_text(plan.capacity)}")

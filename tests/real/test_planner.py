@@ -440,3 +440,26 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
         assert engine.plan is None and engine.target.n_gpu_layers == 0
     finally:
         engine.close()
+
+
+def test_drafts_inside_llama_cpp_are_counted_and_shown(default_gguf, smollm2_checkpoint, tmp_path):
+    """An EAGLE-3 head holds its file, an f16 KV cache and a float32 g row per position of the context, and the
+    logits buffer llama.cpp gives a model with an encoder (64 rows of the 49,152-token vocabulary); an MTP layer the
+    same but its weights (the target file's). `edgespec plan` shows them on a line of their own."""
+    from edgespec.export.eagle3 import convert_eagle3, random_eagle3
+    from edgespec.models.random_mtp import write_random_qwen35_mtp
+    from edgespec.run import plan_for
+
+    random_eagle3(tmp_path / "head", smollm2_checkpoint, layers=[2, 15, 27], draft_vocab=2000)
+    head = convert_eagle3(tmp_path / "head", smollm2_checkpoint, tmp_path / "head.gguf")
+    small, large = (plan_for(default_gguf, str(head), n_ctx=n, budget="8GiB", measure_bandwidth=False)
+                    for n in (512, 2048))
+    none = plan_for(default_gguf, "none", n_ctx=2048, budget="8GiB", measure_bandwidth=False)
+    assert small.heads > read_model_info(head).weight_bytes + 64 * 49152 * 4 and none.heads == 0
+    assert large.heads - small.heads == 1536 * (2 * 2 * 3 * 64 + 4 * 576)  # K and V of 3 heads of 64, g of 576
+    assert large.total - none.total >= large.heads
+    assert re.search(r"^heads +.* the draft heads", format_plan(large), re.M)
+    assert to_dict(large)["heads_bytes"] == large.heads
+    qwen = write_random_qwen35_mtp(tmp_path / "qwen35-mtp.gguf", tokenizer=default_gguf)  # 64 wide, 2 kv heads of 16
+    mtp = plan_for(str(qwen), "mtp", n_ctx=512, budget="8GiB", measure_bandwidth=False)
+    assert mtp.heads == 528 * (2 * 2 * 2 * 16 + 4 * 64) + 16 * 49152 * 4

@@ -4,15 +4,14 @@ that cannot hold the source is refused before anything is written."""
 
 import numpy as np
 import pytest
-
 from stats_util import first_logits, softmax
 
 import edgespec
 from edgespec.backends import gguf_file
 from edgespec.backends.protocol import forward_rows
 from edgespec.errors import EdgespecError
-from edgespec.models.random_gguf import write_random_gguf
 from edgespec.export.eagle3 import convert_eagle3, random_eagle3
+from edgespec.models.random_gguf import write_random_gguf
 from edgespec.models.widen import SHAPES, Width, widen_gguf
 
 PROMPT = "<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n<|im_start|>assistant\n"
