@@ -15,10 +15,10 @@ def predict(plan: Plan, acceptance: float, k_max: int = 8) -> dict:
     expected tokens per round, (1 - a^(k+1)) / (1 - a), over the round's cost k * t_draft + t_target.
     """
     t_target = _step_seconds(plan, plan.target)
-    t_draft = _step_seconds(plan, plan.draft) if plan.draft else 0.0
+    # heads: a step reads at most what they hold (their weights, cache and buffers; Medusa's output rows)
+    t_draft = _step_seconds(plan, plan.draft) if plan.draft else plan.heads / plan.profile.bandwidth
     out = {"kind": "prediction (roofline upper bound)", "acceptance": acceptance,
-           "target_tokens_per_second": round(1 / t_target, 1),
-           "draft_step_cost": round(t_draft / t_target, 3) if plan.draft else 0.0}
+           "target_tokens_per_second": round(1 / t_target, 1), "draft_step_cost": round(t_draft / t_target, 3)}
     if plan.drafter == "none":
         return out
     rows = []

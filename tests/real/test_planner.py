@@ -460,6 +460,9 @@ def test_drafts_inside_llama_cpp_are_counted_and_shown(default_gguf, smollm2_che
     assert large.total - none.total >= large.heads
     assert re.search(r"^heads +.* the draft heads", format_plan(large), re.M)
     assert to_dict(large)["heads_bytes"] == large.heads
+    step = predict(replace(large, profile=BIG), 0.7)["draft_step_cost"]  # the head's bytes over the target's read
+    target_read = large.target.info.bytes_read_per_token() + large.target.kv_cache // 2
+    assert step > 0 and step == pytest.approx(large.heads / target_read, abs=5e-4)
     qwen = write_random_qwen35_mtp(tmp_path / "qwen35-mtp.gguf", tokenizer=default_gguf)  # 64 wide, 2 kv heads of 16
     mtp = plan_for(str(qwen), "mtp", n_ctx=512, budget="8GiB", measure_bandwidth=False)
     assert mtp.heads == 528 * (2 * 2 * 2 * 16 + 4 * 64) + 16 * 49152 * 4
