@@ -80,7 +80,6 @@ def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.Pat
     """The memory plan for a target and a draft (or a Pair resolved already) on a device profile (default: this
     machine) and/or within a budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded.
     See plan.planner."""
-    from edgespec.drafts.llama_kinds import llama_kind
     from edgespec.plan.planner import make_plan
     from edgespec.plan.profiles import get_profile
     from edgespec.units import parse_size
@@ -100,17 +99,15 @@ def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.Pat
         from edgespec.drafts.heads import medusa_bytes
 
         heads_bytes = medusa_bytes(spec.source, target_info.n_vocab, target_info.n_embd)
-    family = spec.family
-    inside = "mtp" if spec.kind == "mtp" else llama_kind(spec.source) if spec.kind == "model" else None
-    if inside is not None:  # a decoder inside llama.cpp beside the target: an EAGLE-3 head, DFlash, an MTP layer
-        from edgespec.drafts.llama_head import llama_head_bytes
+    elif spec.in_llama:  # a decoder inside llama.cpp beside the target: an EAGLE-3 head, DFlash, an MTP layer
+        from edgespec.plan.planner import DEFAULT_CTX, llama_head_bytes
 
-        heads_bytes, family = llama_head_bytes(inside, spec.source, target_info, n_ctx or 2048), "heads"
-    draft_info = read_model_info(spec.source) if family == "model" else None
+        heads_bytes = llama_head_bytes(spec.in_llama, spec.source, target_info, n_ctx or DEFAULT_CTX)
+    draft_info = read_model_info(spec.source) if spec.family == "model" else None
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
     return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
-                     kv_type=kv_type, drafter=family, k_max=k_max, heads_bytes=heads_bytes)
+                     kv_type=kv_type, drafter=spec.family, k_max=k_max, heads_bytes=heads_bytes)
 
 
 def one_stream_reason(target: str, spec: DraftSpec) -> str | None:

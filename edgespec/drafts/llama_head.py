@@ -232,22 +232,3 @@ class LayerReadingDrafter(LlamaHeadDrafter):
             _lib().llama_model_free(self._model)
             self._model = None
 
-
-def llama_head_bytes(kind: str, path, target_info, n_ctx: int) -> int:
-    """What a draft decoding inside llama.cpp beside the target adds to the process, from the files' headers (the
-    memory planner's figure): its weights (an EAGLE-3 or DFlash file's tensors; an MTP layer's are in the target's
-    file, counted with it); its decoder context's f16 KV cache over the target's context (its own layers; an MTP
-    context caches the target's nextn layers); the logits buffer llama.cpp sizes for it (decoder_params: n_batch
-    rows of the vocabulary for a model with an encoder, EAGLE-3 and DFlash, MAX_OUTPUTS rows for MTP); and g, one
-    float32 row of the decoder's width per position, in numpy. kind: "eagle3", "dflash" or "mtp"."""
-    from edgespec.backends.model_info import read_model_info
-    from edgespec.drafts.llama_kinds import mtp_layers
-
-    rows = n_ctx + MAX_OUTPUTS
-    if kind == "mtp":
-        info, weights, outputs, layers = target_info, 0, MAX_OUTPUTS, mtp_layers(target_info.path)[1]
-    else:
-        info = read_model_info(path)
-        weights, outputs, layers = info.weight_bytes, HEAD_BATCH, info.n_layer
-    kv = 2 * 2 * rows * layers * info.n_head_kv * info.head_dim
-    return weights + kv + 4 * outputs * target_info.n_vocab + 4 * rows * info.n_embd

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 from edgespec.drafts.eagle import EAGLE_SUFFIX
@@ -31,11 +32,20 @@ class DraftSpec:
         """"medusa" or "eagle" for heads, else None."""
         return self.kind if self.kind in ("medusa", "eagle") else None
 
+    @cached_property
+    def in_llama(self) -> str | None:
+        """The kind of a draft that decodes inside llama.cpp beside the target: "mtp", or a draft file's
+        architecture "eagle3" or "dflash" (its header read: drafts/llama_kinds.llama_kind); None for any other."""
+        from edgespec.drafts.llama_kinds import llama_kind
+
+        return "mtp" if self.kind == "mtp" else llama_kind(self.source) if self.kind == "model" else None
+
     @property
     def family(self) -> str:
-        """What the planner and the simulator price: "none", "lookup", "model" or "heads" (EAGLE and Medusa); with
-        prompt lookup in front, the draft behind it (it is what holds memory and costs a step)."""
-        return "heads" if self.heads or self.kind == "mtp" else self.kind
+        """What the planner and the simulator price: "none", "lookup", "model" or "heads" (EAGLE and Medusa, and
+        the drafts inside llama.cpp: in_llama); with prompt lookup in front, the draft behind it (it is what holds
+        memory and costs a step)."""
+        return "heads" if self.heads or self.in_llama else self.kind
 
     @property
     def inner(self) -> DraftSpec:
@@ -99,7 +109,6 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     from edgespec.backends.open import open_model
     from edgespec.decode.calibrate import measure_pass_costs
     from edgespec.drafts.base import DRAFT_WINDOWS, MAX_DRAFT, LookupFirstDrafter, PromptLookupDrafter
-    from edgespec.drafts.llama_kinds import llama_kind
 
     spec = parse_draft(draft).resolved()
     if spec.kind == "none":
@@ -125,7 +134,7 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
 
         drafter = MtpDrafter(target, n_threads=threads)
         return drafter, None, drafter.measure_cost()
-    kind = llama_kind(spec.source)  # an EAGLE-3 head or DFlash draft (pair.resolve_pair checked it fits)
+    kind = spec.in_llama  # an EAGLE-3 head or DFlash draft (pair.resolve_pair checked it fits)
     if kind is not None:
         if kind == "eagle3":
             from edgespec.drafts.eagle3 import Eagle3Drafter as Head

@@ -124,6 +124,29 @@ def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
     return values // block * size
 
 
+def llama_head_bytes(kind: str, path, target_info, n_ctx: int) -> int:
+    """What a draft decoding inside llama.cpp beside the target adds to the process, from the files' headers (the
+    memory planner's figure): its weights (an EAGLE-3 or DFlash file's tensors; an MTP layer's are in the target's
+    file, counted with it); its decoder context's f16 KV cache over the target's context (its own layers; an MTP
+    context caches the target's nextn layers); the logits buffer llama.cpp sizes for it (drafts/llama_head.py,
+    decoder_params: n_batch rows of the vocabulary for a model with an encoder, EAGLE-3 and DFlash, MAX_OUTPUTS
+    rows for MTP); and g, one float32 row of the decoder's width per position, in numpy. kind: "eagle3", "dflash"
+    or "mtp" (DraftSpec.in_llama)."""
+    from edgespec.backends.model_info import read_model_info
+    from edgespec.drafts.llama_head import HEAD_BATCH
+    from edgespec.drafts.llama_kinds import mtp_layers
+
+    rows = n_ctx + MAX_OUTPUTS
+    if kind == "mtp":
+        info = replace(target_info, n_layer=mtp_layers(target_info.path)[1])
+        weights, outputs = 0, MAX_OUTPUTS
+    else:
+        info = read_model_info(path)
+        weights, outputs = info.weight_bytes, HEAD_BATCH
+    return (weights + kv_bytes(info, rows, "f16", "llama.cpp") + 4 * outputs * target_info.n_vocab
+            + 4 * rows * info.n_embd)
+
+
 def compute_bytes(info: ModelInfo, n_ctx: int, n_ubatch: int) -> int:
     """llama.cpp's compute buffer: activations of a ubatch plus its f16 attention mask, or, for small
     ubatches, the graph of one decode step with MAX_OUTPUTS logits rows. Fitted to the sizes llama.cpp
