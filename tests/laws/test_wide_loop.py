@@ -6,8 +6,14 @@ a Markov chain lives on a few ids of a real-size vocabulary, over a background o
 long tail, one category: the row after any background id is the same), and the end-of-text id is masked with
 -inf as a grammar would. The joint law of the categories of three emitted tokens must be the target chain's
 (computed with sampling.to_probs in float64), and each kind's test also runs with a wrong rule and must catch it.
+The kinds: a draft model (padded either way: fewer ids than the target, or more, which it would propose most),
+gated, prompt lookup alone and in front of a model, heads over the vocabulary or a subset, trees, and a grammar's
+masks with a grammar-aware draft and an unaware one (the law is then the masked chain's, NoRepeatLive.law).
+A wrong rule gives p-values of 1e-5 to 1e-149 here (ALPHA is 1e-3), so the twins draw a third of the exact
+runs; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds.
 """
 
+import copy
 import itertools
 
 import numpy as np
@@ -101,13 +107,69 @@ class WideHeadDrafter(Drafter):
         return tree.tokens, tree.probs[:len(tree.tokens)]
 
 
+def padded(chain: WideChain, n_vocab: int) -> WideChain:
+    """The chain as a padded draft's vocabulary has it (backends/padded.py): cut to n_vocab ids (the ids it lacks are
+    background ids the target gives mass) or widened with ids the target lacks, each at a logit that would make them
+    its likeliest proposals."""
+    out = copy.copy(chain)
+    extra = n_vocab - chain.rows.shape[1]
+    if extra <= 0:
+        out.rows, out.category = chain.rows[:, :n_vocab].copy(), chain.category[:n_vocab]
+    else:
+        out.rows = np.concatenate([chain.rows, np.full((LIVE + 1, extra), 4.0, dtype=np.float32)], axis=1)
+        out.category = np.concatenate([chain.category, np.full(extra, LIVE)])
+    return out
+
+
+class NoRepeatLive:
+    """A grammar for a WideChain (decode/constraint.Constraint): its last live id never, and never the live id just
+    emitted; background ids always. Its state is the category of the last token it consumed."""
+
+    def __init__(self, chain: WideChain):
+        self.chain, self.seq = chain, []
+
+    def mask(self, last: int | None) -> np.ndarray:
+        allowed = np.ones(self.chain.rows.shape[1], bool)
+        allowed[self.chain.live[LIVE - 1]] = False
+        if last is not None and last < LIVE:
+            allowed[self.chain.live[last]] = False
+        return allowed
+
+    def allowed(self) -> np.ndarray:
+        return self.mask(self.seq[-1] if self.seq else None)
+
+    def consume(self, token: int) -> bool:
+        if not self.allowed()[token]:
+            return False
+        self.seq.append(int(self.chain.category[token]))
+        return True
+
+    def rollback(self, n: int) -> None:
+        del self.seq[len(self.seq) - n:]
+
+    def law(self, params: SamplingParams, start: int, n: int) -> dict:
+        """Exact law of the categories of the next n tokens after `start` (which the grammar has not consumed)."""
+        chain, out = self.chain, {}
+        steps = {}
+        for last in (None, *range(LIVE + 1)):
+            for prev in range(LIVE + 1):
+                probs = to_probs(np.where(self.mask(last), chain.rows[prev].astype(np.float64), -np.inf), params)
+                steps[last, prev] = [probs[chain.category == c].sum() for c in range(LIVE + 1)]
+        for seq in itertools.product(range(LIVE + 1), repeat=n):
+            p, last, prev = 1.0, None, chain.category[start]
+            for c in seq:
+                p, last, prev = p * steps[last, prev][c], c, c
+            out[seq] = p
+        return out
+
+
 def subset_of(chain: WideChain) -> np.ndarray:
     """Ascending ids a subset head covers: the live ids and a third of the rest."""
     n_vocab = chain.rows.shape[1]
     return np.union1d(chain.live, np.arange(1, n_vocab, 3))
 
 
-def emitted(chain, target, drafter, params, runs, *, width=1, gated=False, seed=0):
+def emitted(chain, target, drafter, params, runs, *, width=1, gated=False, seed=0, grammar=None):
     """The categories of N_TOKENS tokens from the loop, `runs` times, and how many tokens the rounds drafted."""
     draws, drafted, gates = [], 0, np.random.default_rng(seed)
     prompt = [int(chain.live[0])] * 3  # a repeat: prompt lookup finds something to propose from the start
@@ -116,7 +178,8 @@ def emitted(chain, target, drafter, params, runs, *, width=1, gated=False, seed=
         if gated:
             ctl.gate = lambda ctl=ctl: RandomGate(ctl, gates)
         events = speculate(target, drafter, ctl, prompt, params, np.random.default_rng(run), max_tokens=N_TOKENS,
-                           draft_max=None if gated else 3, stats=stats, tree_width=width)
+                           draft_max=None if gated else 3, stats=stats, tree_width=width,
+                           constraint=grammar() if grammar else None)
         draws.append(tuple(int(chain.category[e.token]) for e in events if e.token is not None))
         drafted += stats.tree_nodes if width > 1 else stats.drafted
     return draws, drafted
@@ -139,10 +202,19 @@ def pair(n_vocab):
     (49152, SamplingParams(0.9, top_p=0.95), "lookup+model", False),
     (49152, SamplingParams(0.9, top_p=0.95), "lookup+model", True),
     (49152, SamplingParams(0.7, top_p=0.9), "heads", False),
+    (49152, SamplingParams(0.7, top_p=0.9), "heads", True),
     (49152, SamplingParams(1.0), "heads-subset", False),
     (49152, SamplingParams(1.0), "heads-subset", True),
     (49152, SamplingParams(1.0), "tree", False),
     (49152, SamplingParams(1.0), "tree", True),
+    (49152, SamplingParams(1.0), "padded-fewer", False),
+    (49152, SamplingParams(1.0), "padded-fewer", True),
+    (152064, SamplingParams(0.8, top_p=0.95), "padded-more", False),
+    (152064, SamplingParams(0.8, top_p=0.95), "padded-more", True),
+    (49152, SamplingParams(1.0), "grammar", False),
+    (49152, SamplingParams(1.0), "grammar", True),
+    (49152, SamplingParams(0.9, top_k=40), "grammar-unaware", False),
+    (49152, SamplingParams(0.9, top_k=40), "grammar-unaware", True),
 ])
 def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, params, kind, broken):
     chain, draft_chain = pair(n_vocab)
@@ -154,20 +226,32 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
                                                min_ngram=1),
                "heads": lambda: WideHeadDrafter(draft_chain),
                "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
-               "tree": lambda: WideTreeDrafter(draft_chain)}[kind]()
+               "tree": lambda: WideTreeDrafter(draft_chain),
+               "padded-fewer": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab - 100), "draft"),
+                                                    target.vocab),
+               "padded-more": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab + 128), "draft"),
+                                                   target.vocab),
+               "grammar": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
+               "grammar-unaware": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab)}[kind]()
+    if kind.startswith("padded"):
+        assert drafter.pairing == "padded"
+    if kind == "grammar-unaware":  # its drafts are cut at the first token the grammar forbids
+        monkeypatch.setattr(drafter, "grammar_aware", False)
+    grammar = (lambda: NoRepeatLive(chain)) if kind.startswith("grammar") else None
     if broken:
         if kind == "tree":
             monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
         else:
             monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     assert chain.rows.dtype == np.float32 and chain.rows.shape[1] == n_vocab
-    # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort per draft step), enough
-    # that the wrong rule is caught (the exact one needs none for its false alarm rate)
+    # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort per draft step), and for a
+    # wrong rule (caught at p < 1e-5 with a third of the runs; the exact one needs none for its false alarm rate)
     slow = kind == "tree" or kind == "heads" and params.top_p < 1
-    runs = (RUNS * 2 // 3 if broken else RUNS // 3) if slow else RUNS
+    runs = RUNS * 2 // 3 if broken and kind == "tree" else RUNS // 3 if slow or broken else RUNS
     draws, drafted = emitted(chain, target, drafter, params, runs, width=3 if kind == "tree" else 1,
-                             gated=kind == "gated")
-    p = goodness_of_fit(draws, chain.law(params, int(chain.live[0]), N_TOKENS))
+                             gated=kind == "gated", grammar=grammar)
+    law = (grammar() if grammar else chain).law(params, int(chain.live[0]), N_TOKENS)
+    p = goodness_of_fit(draws, law)
     assert (p < ALPHA) == broken, p
     assert drafted >= runs, drafted  # the rounds drafted
     if kind == "lookup+model":
