@@ -34,6 +34,13 @@ $(STAMP):
 	$(PY) -m pip install --quiet "$$(scripts/llama-wheel.sh $(PY) $(LLAMA_CPP_VERSION))"
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "$(PY) -m pip install $(TORCH_CPU)"; \
 		$(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
+	@# the C row passes (edgespec/decode/_rows.c, the production path for wide rows) compile against the Python
+	@# headers; where the distribution left them out, its pythonX.Y-dev package brings them before the build (without
+	@# them the passes fall back to numpy and tests/fast/test_rows.py fails under CI=true)
+	@$(PY) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" || \
+		(export DEBIAN_FRONTEND=noninteractive; v=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+		apt-get update -qq && apt-get install -y -qq "python$$v-dev" >/dev/null) || \
+		echo "no Python headers: the C row passes fall back to numpy (tests/fast/test_rows.py fails under CI)"
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# the chat page's browser test drives the distribution's Chromium; where it cannot be installed (no apt, not
 	@# root, offline) the build goes on and tests/real/test_page.py skips, saying why (under CI=true it fails)
