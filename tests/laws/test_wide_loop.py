@@ -7,8 +7,10 @@ long tail, one category: the row after any background id is the same), and the e
 -inf as a grammar would. The joint law of the categories of three emitted tokens must be the target chain's
 (computed with sampling.to_probs in float64), and each kind's test also runs with a wrong rule and must catch it.
 The kinds: a draft model (padded either way: fewer ids than the target, or more, which it would propose most),
-gated, prompt lookup alone and in front of a model, heads over the vocabulary or a subset, trees, and a grammar's
-masks with a grammar-aware draft and an unaware one (the law is then the masked chain's, NoRepeatLive.law).
+gated, of another tokenizer (OtherTokenizer: shuffled ids and words of its own, which also catches a rule that
+divides by the unrestricted law), prompt lookup alone and in front of a model, heads over the vocabulary or a
+subset, trees, and a grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked
+chain's, NoRepeatLive.law).
 A wrong rule gives p-values of 1e-5 to 1e-149 here (ALPHA is 1e-3), so the twins draw a third of the exact
 runs; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds.
 """
@@ -20,12 +22,15 @@ import numpy as np
 import pytest
 from fake import EOS, FakeBackend, Sources, controller, make_vocab
 from stats_util import ALPHA, RandomGate, goodness_of_fit, judged_with_replacement, target_instead_of_residual
+from test_cross_laws import Unrenormalised
 
+from edgespec.backends.protocol import Vocab
 from edgespec.decode import rule as rule_module
 from edgespec.decode import verify as verify_module
 from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings, grow_tree
+from edgespec.drafts.cross import CrossDrafter
 
 LIVE = 4  # ids the chain lives on; the background is category LIVE
 RUNS = 3000
@@ -67,8 +72,9 @@ class WideChain:
 class WideBackend(FakeBackend):
     """FakeBackend over a WideChain: float32 rows of the real vocabulary size."""
 
-    def __init__(self, chain: WideChain, name: str = "wide"):
-        self.table, self.vocab, self.n_ctx, self.name = chain, make_vocab(chain.rows.shape[1]), 256, name
+    def __init__(self, chain: WideChain, name: str = "wide", vocab: Vocab | None = None):
+        self.table, self.n_ctx, self.name = chain, 256, name
+        self.vocab = vocab or make_vocab(chain.rows.shape[1])
         self.tokens, self.calls = [], []
 
     def memory(self):
@@ -163,6 +169,49 @@ class NoRepeatLive:
         return out
 
 
+PIECE = 7  # bytes each token of a spelled vocabulary prints: b"000042|" for id 42
+WORD_BOOST = 4.0  # a draft word's logit over its second token's: a quarter of the draft's mass off the intersection
+
+
+def spelled(n_vocab: int, extra: list[bytes] = ()) -> Vocab:
+    """A vocabulary whose ids print distinct text (make_vocab's print letters), with `extra` tokens after them."""
+    pieces = [b"" if i == EOS else b"%06d|" % i for i in range(n_vocab)] + list(extra)
+    texts = tuple(b"<eos>" if i == EOS else p for i, p in enumerate(pieces))
+    return Vocab(texts=texts, pieces=tuple(pieces), bos_id=EOS, eos_id=EOS, eog_ids=frozenset([EOS]))
+
+
+class OtherTokenizer(WideBackend):
+    """A draft of another tokenizer over a WideChain's text: the target's tokens at shuffled ids, then words of two
+    background tokens the target has no token for, which its tokenizer prefers (longest match). The chain's
+    logits follow the text: a shuffled id takes the target id's logit, a word its second token's plus WORD_BOOST (mass
+    outside the intersection, which the cross drafter's restriction removes)."""
+
+    def __init__(self, chain: WideChain, n_words: int = 500):
+        n_vocab = chain.rows.shape[1]
+        rng = np.random.default_rng(7)
+        order = np.concatenate([[EOS], 1 + rng.permutation(n_vocab - 1)])  # draft id -> the target id it spells
+        background = np.setdiff1d(np.arange(1, n_vocab), chain.live)
+        pairs = rng.choice(background, size=(n_words, 2))
+        words = [b"%06d|%06d|" % tuple(pair) for pair in pairs]
+        own = copy.copy(chain)
+        own.rows = np.concatenate([chain.rows[:, order], chain.rows[:, pairs[:, 1]] + np.float32(WORD_BOOST)], axis=1)
+        own.category = np.concatenate([chain.category[order], chain.category[pairs[:, 1]]])
+        super().__init__(own, "draft")
+        self.vocab = Vocab(texts=tuple(b"<eos>" if t == EOS else b"%06d|" % t for t in order) + tuple(words),
+                           pieces=tuple(b"" if t == EOS else b"%06d|" % t for t in order) + tuple(words),
+                           bos_id=EOS, eos_id=EOS, eog_ids=frozenset([EOS]))
+        self.ids = {piece: i for i, piece in enumerate(self.vocab.pieces) if piece}
+
+    def tokenize(self, text, *, special):
+        data, out, at = text.encode(), [], 0
+        while at < len(data):
+            word = self.ids.get(data[at:at + 2 * PIECE]) if at + 2 * PIECE <= len(data) else None
+            size = 2 * PIECE if word is not None and len(self.vocab.pieces[word]) == 2 * PIECE else PIECE
+            out.append(self.ids[data[at:at + size]])
+            at += size
+        return out
+
+
 def subset_of(chain: WideChain) -> np.ndarray:
     """Ascending ids a subset head covers: the live ids and a third of the rest."""
     n_vocab = chain.rows.shape[1]
@@ -211,6 +260,9 @@ def pair(n_vocab):
     (49152, SamplingParams(1.0), "padded-fewer", True),
     (152064, SamplingParams(0.8, top_p=0.95), "padded-more", False),
     (152064, SamplingParams(0.8, top_p=0.95), "padded-more", True),
+    (49152, SamplingParams(1.0), "cross", False),
+    (49152, SamplingParams(1.0), "cross", True),
+    (49152, SamplingParams(1.0), "cross-unrenormalised", True),
     (49152, SamplingParams(1.0), "grammar", False),
     (49152, SamplingParams(1.0), "grammar", True),
     (49152, SamplingParams(0.9, top_k=40), "grammar-unaware", False),
@@ -218,8 +270,10 @@ def pair(n_vocab):
 ])
 def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, params, kind, broken):
     chain, draft_chain = pair(n_vocab)
-    target = WideBackend(chain)
+    target = WideBackend(chain, vocab=spelled(n_vocab) if kind.startswith("cross") else None)
     drafter = {"model": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
+               "cross": lambda: CrossDrafter(OtherTokenizer(draft_chain), target.vocab),
+               "cross-unrenormalised": lambda: Unrenormalised(OtherTokenizer(draft_chain), target.vocab),
                "gated": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
                "lookup": lambda: PromptLookupDrafter(n_vocab, min_ngram=1),
                "lookup+model": lambda: Sources(ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab), n_vocab,
@@ -233,15 +287,15 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
                                                    target.vocab),
                "grammar": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
                "grammar-unaware": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab)}[kind]()
-    if kind.startswith("padded"):
-        assert drafter.pairing == "padded"
+    if kind.startswith(("padded", "cross")):
+        assert drafter.pairing == ("cross-tokenizer" if kind.startswith("cross") else "padded")
     if kind == "grammar-unaware":  # its drafts are cut at the first token the grammar forbids
         monkeypatch.setattr(drafter, "grammar_aware", False)
     grammar = (lambda: NoRepeatLive(chain)) if kind.startswith("grammar") else None
     if broken:
         if kind == "tree":
             monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
-        else:
+        elif kind != "cross-unrenormalised":  # that drafter's laws are the broken part
             monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     assert chain.rows.dtype == np.float32 and chain.rows.shape[1] == n_vocab
     # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort per draft step), and for a
@@ -253,6 +307,8 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
     law = (grammar() if grammar else chain).law(params, int(chain.live[0]), N_TOKENS)
     p = goodness_of_fit(draws, law)
     assert (p < ALPHA) == broken, p
+    if kind.startswith("cross"):  # the words only the draft has held mass, which the restriction removed
+        assert drafter.intersection_mass < 0.9, drafter.intersection_mass
     assert drafted >= runs, drafted  # the rounds drafted
     if kind == "lookup+model":
         assert min(drafter.rounds.values()) > runs // 5, drafter.rounds
