@@ -9,7 +9,8 @@ long tail, one category: the row after any background id is the same), and the e
 The kinds: a draft model (padded either way: fewer ids than the target, or more, which it would propose most),
 gated, of another tokenizer (OtherTokenizer: shuffled ids and words of its own, which also catches a rule that
 divides by the unrestricted law), prompt lookup alone and in front of a model, heads over the vocabulary or a
-subset, trees, and a grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked
+subset (stand-ins, and the EAGLE drafter itself, ggml runner, on random weights over a target with hidden
+states), trees, and a grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked
 chain's, NoRepeatLive.law).
 A wrong rule gives p-values of 1e-5 to 1e-149 here (ALPHA is 1e-3), so the twins draw a third of the exact
 runs; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds.
@@ -23,6 +24,7 @@ import pytest
 from fake import EOS, FakeBackend, Sources, controller, make_vocab
 from stats_util import ALPHA, RandomGate, goodness_of_fit, judged_with_replacement, target_instead_of_residual
 from test_cross_laws import Unrenormalised
+from test_eagle import random_head
 
 from edgespec.backends.protocol import Vocab
 from edgespec.decode import rule as rule_module
@@ -31,6 +33,7 @@ from edgespec.decode.loop import Stats, speculate
 from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings, grow_tree
 from edgespec.drafts.cross import CrossDrafter
+from edgespec.drafts.eagle import EagleDrafter, save_eagle
 
 LIVE = 4  # ids the chain lives on; the background is category LIVE
 RUNS = 3000
@@ -212,6 +215,40 @@ class OtherTokenizer(WideBackend):
         return out
 
 
+E = 32  # the hidden width of HiddenWide, whose EAGLE head is the real drafter with random weights
+
+
+class HiddenWide(WideBackend):
+    """A WideBackend with hidden states for heads to read: a fixed random state per category of the row's token,
+    and an output layer [V, E] (random, the live ids' rows 80 times longer, so that heads put most of their mass on
+    live ids, as a real draft puts it where its target does, and not on the thousands of background ids)."""
+
+    hidden, path, n_embd = True, None, E
+
+    def __init__(self, chain: WideChain):
+        super().__init__(chain)
+        rng = np.random.default_rng(11)
+        self.states = rng.normal(size=(LIVE + 1, E)).astype(np.float32)
+        self.output = rng.normal(scale=0.05, size=(chain.rows.shape[1], E)).astype(np.float32)
+        self.output[chain.live] = rng.normal(scale=4.0, size=(LIVE, E))
+        self.last_hidden = None
+
+    def forward(self, tokens, n_logits, *, copy=True):
+        rows = super().forward(tokens, n_logits)
+        self.last_hidden = self.states[self.table.category[self.tokens[len(self.tokens) - n_logits:]]] \
+            if n_logits else None
+        return rows
+
+
+def eagle_head(target: HiddenWide, folder) -> EagleDrafter:
+    """The EAGLE drafter (the ggml runner, production's) on random weights for `target`, drafting a subset of its
+    ids (the live ones among them)."""
+    weights, meta = random_head(np.random.default_rng(5), E, n_head=4, n_head_kv=2, n_ff=64)
+    path = save_eagle(folder / "wide.eagle.npz", weights, subset_of(target.table),
+                      {**meta, "vocab_digest": target.vocab.digest, "n_embd": E})
+    return EagleDrafter(path, target, target.output.astype(np.float16))
+
+
 def subset_of(chain: WideChain) -> np.ndarray:
     """Ascending ids a subset head covers: the live ids and a third of the rest."""
     n_vocab = chain.rows.shape[1]
@@ -254,6 +291,8 @@ def pair(n_vocab):
     (49152, SamplingParams(0.7, top_p=0.9), "heads", True),
     (49152, SamplingParams(1.0), "heads-subset", False),
     (49152, SamplingParams(1.0), "heads-subset", True),
+    (49152, SamplingParams(0.8, top_p=0.95), "eagle", False),
+    (49152, SamplingParams(0.8, top_p=0.95), "eagle", True),
     (49152, SamplingParams(1.0), "tree", False),
     (49152, SamplingParams(1.0), "tree", True),
     (49152, SamplingParams(1.0), "padded-fewer", False),
@@ -268,9 +307,12 @@ def pair(n_vocab):
     (49152, SamplingParams(0.9, top_k=40), "grammar-unaware", False),
     (49152, SamplingParams(0.9, top_k=40), "grammar-unaware", True),
 ])
-def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, params, kind, broken):
+def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n_vocab, params, kind, broken):
     chain, draft_chain = pair(n_vocab)
-    target = WideBackend(chain, vocab=spelled(n_vocab) if kind.startswith("cross") else None)
+    if kind == "eagle":
+        target = HiddenWide(chain)
+    else:
+        target = WideBackend(chain, vocab=spelled(n_vocab) if kind.startswith("cross") else None)
     drafter = {"model": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
                "cross": lambda: CrossDrafter(OtherTokenizer(draft_chain), target.vocab),
                "cross-unrenormalised": lambda: Unrenormalised(OtherTokenizer(draft_chain), target.vocab),
@@ -279,6 +321,7 @@ def test_real_size_float32_rows_follow_the_target_chain(monkeypatch, n_vocab, pa
                "lookup+model": lambda: Sources(ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab), n_vocab,
                                                min_ngram=1),
                "heads": lambda: WideHeadDrafter(draft_chain),
+               "eagle": lambda: eagle_head(target, tmp_path),
                "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
                "tree": lambda: WideTreeDrafter(draft_chain),
                "padded-fewer": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab - 100), "draft"),
