@@ -9,9 +9,10 @@ long tail, one category: the row after any background id is the same), and the e
 The kinds: a draft model (padded either way: fewer ids than the target, or more, which it would propose most),
 gated, of another tokenizer (OtherTokenizer: shuffled ids and words of its own, which also catches a rule that
 divides by the unrestricted law), prompt lookup alone and in front of a model, heads over the vocabulary or a
-subset (stand-ins, and the EAGLE drafter itself, ggml runner, on random weights over a target with hidden
-states), trees, and a grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked
-chain's, NoRepeatLive.law).
+subset (stand-ins, and the EAGLE and Medusa drafters themselves over a target with hidden states: EAGLE's
+ggml runner on random weights, Medusa heads over an output layer that gives them a draft's law), trees, and a
+grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked chain's,
+NoRepeatLive.law).
 A wrong rule gives p-values of 1e-5 to 1e-149 here (ALPHA is 1e-3), so the twins draw a third of the exact
 runs; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds.
 """
@@ -34,6 +35,7 @@ from edgespec.decode.sampling import SamplingParams, to_probs
 from edgespec.drafts.base import Drafter, ModelDrafter, PromptLookupDrafter, chain_with_siblings, grow_tree
 from edgespec.drafts.cross import CrossDrafter
 from edgespec.drafts.eagle import EagleDrafter, save_eagle
+from edgespec.drafts.heads import MedusaDrafter, save_heads
 
 LIVE = 4  # ids the chain lives on; the background is category LIVE
 RUNS = 3000
@@ -215,7 +217,7 @@ class OtherTokenizer(WideBackend):
         return out
 
 
-E = 32  # the hidden width of HiddenWide, whose EAGLE head is the real drafter with random weights
+E = 32  # the hidden width of HiddenWide, whose heads are the real drafters
 
 
 class HiddenWide(WideBackend):
@@ -229,6 +231,7 @@ class HiddenWide(WideBackend):
         super().__init__(chain)
         rng = np.random.default_rng(11)
         self.states = rng.normal(size=(LIVE + 1, E)).astype(np.float32)
+        self.states[:, 0] = 1.0  # a constant component: an output row can give its id a logit of its own
         self.output = rng.normal(scale=0.05, size=(chain.rows.shape[1], E)).astype(np.float32)
         self.output[chain.live] = rng.normal(scale=4.0, size=(LIVE, E))
         self.last_hidden = None
@@ -247,6 +250,19 @@ def eagle_head(target: HiddenWide, folder) -> EagleDrafter:
     path = save_eagle(folder / "wide.eagle.npz", weights, subset_of(target.table),
                       {**meta, "vocab_digest": target.vocab.digest, "n_embd": E})
     return EagleDrafter(path, target, target.output.astype(np.float16))
+
+
+def medusa_heads(target: HiddenWide, draft_chain: WideChain, folder) -> MedusaDrafter:
+    """The Medusa drafter on near-zero heads (each head's state about the target's) over an output layer built so
+    that a state of category c gives the live ids draft_chain's logits after c and the background ids about -12:
+    a draft law like a real draft's, whose mass is where the target's is but not in its proportions."""
+    rng = np.random.default_rng(6)
+    output = target.output.copy()
+    output[:, 0] = -12.0
+    output[draft_chain.live] = np.linalg.lstsq(target.states, draft_chain.rows[:, draft_chain.live], rcond=None)[0].T
+    path = save_heads(folder / "wide.medusa.npz", rng.normal(scale=0.02, size=(3, E, E)), np.zeros((3, E)),
+                      {"vocab_digest": target.vocab.digest, "n_embd": E}, subset=subset_of(target.table))
+    return MedusaDrafter(path, target, output)
 
 
 def subset_of(chain: WideChain) -> np.ndarray:
@@ -293,6 +309,8 @@ def pair(n_vocab):
     (49152, SamplingParams(1.0), "heads-subset", True),
     (49152, SamplingParams(0.8, top_p=0.95), "eagle", False),
     (49152, SamplingParams(0.8, top_p=0.95), "eagle", True),
+    (49152, SamplingParams(1.0), "medusa", False),
+    (49152, SamplingParams(1.0), "medusa", True),
     (49152, SamplingParams(1.0), "tree", False),
     (49152, SamplingParams(1.0), "tree", True),
     (49152, SamplingParams(1.0), "padded-fewer", False),
@@ -309,7 +327,7 @@ def pair(n_vocab):
 ])
 def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n_vocab, params, kind, broken):
     chain, draft_chain = pair(n_vocab)
-    if kind == "eagle":
+    if kind in ("eagle", "medusa"):
         target = HiddenWide(chain)
     else:
         target = WideBackend(chain, vocab=spelled(n_vocab) if kind.startswith("cross") else None)
@@ -322,6 +340,7 @@ def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n
                                                min_ngram=1),
                "heads": lambda: WideHeadDrafter(draft_chain),
                "eagle": lambda: eagle_head(target, tmp_path),
+               "medusa": lambda: medusa_heads(target, draft_chain, tmp_path),
                "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
                "tree": lambda: WideTreeDrafter(draft_chain),
                "padded-fewer": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab - 100), "draft"),
