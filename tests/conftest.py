@@ -13,6 +13,14 @@ CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 # playwright) fails the tests that need it; elsewhere they skip, saying why. A GPU is not such a piece.
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# hypothesis under CI: the same examples on every run (derandomized, no example database in the checkout), and a
+# failure prints the blob that reproduces it; a test's own @settings (its max_examples) still hold
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
+if ON_CI:
+    hypothesis_settings.load_profile("ci")
+
 # Tests come in three tiers, a folder each (docs/testing.md): fast/ (pure functions and the loop on fake backends: make
 # test-fast, under a minute), laws/ (the exact rule drawn thousands of times a test against the target's law, each
 # beside a broken rule it must catch) and real/ (real models, exports, torch, servers). A test is marked with its
