@@ -8,13 +8,14 @@ import time
 
 import numpy as np
 import pytest
-from stats_util import ALPHA, two_sample
+from stats_util import ALPHA, target_instead_of_residual, two_sample
 
 import edgespec
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.bench import read_prompts
+from edgespec.decode import rule as rule_module
 from edgespec.errors import EdgespecError
 from edgespec.parallel import Parallel
 
@@ -47,18 +48,36 @@ def test_greedy_streams_answer_as_each_request_alone(reference_pair, draft):
     alone.close()
 
 
+COLOURS = "red green blue, red green blue, red green blue, red green"
+
+
+def streamed(gguf, n: int = 160) -> list[tuple]:
+    """The first two tokens at t=1 of n requests (seeds 0..n-1), four streams at a time, prompt lookup drafting."""
+    with Parallel(gguf, "ngram", streams=4, n_ctx=256, threads=1) as p:
+        return [tuple(r.tokens) for r in p.generate([{"prompt": COLOURS, "seed": s} for s in range(n)], max_tokens=2,
+                                                    temperature=1.0, chat=False, draft_max=3)]
+
+
+def by_itself(alone, n: int = 160) -> list[tuple]:
+    return [tuple(alone.generate(COLOURS, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
+                                 draft_max=0).tokens) for s in range(n)]
+
+
 def test_a_stream_samples_the_target_law_beside_others(default_gguf, alone):
-    """At t=1 the first two tokens of 160 requests (seeds 0..159) run four at a time, against 160 of the same
-    request alone: one law (two-sample test)."""
-    prompt = "red green blue, red green blue, red green blue, red green"
-    with Parallel(default_gguf, "ngram", streams=4, n_ctx=256, threads=1) as p:
-        together = [tuple(r.tokens) for r in p.generate(
-            [{"prompt": prompt, "seed": s} for s in range(160)], max_tokens=2, temperature=1.0, chat=False,
-            draft_max=3)]
-    base = [tuple(alone.generate(prompt, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
-                                 draft_max=0).tokens) for s in range(160)]
+    """At t=1 the first two tokens of 160 requests run four at a time, against 160 of the same request alone: one
+    law (two-sample test; its power: the next test)."""
+    together, base = streamed(default_gguf), by_itself(alone)
     assert two_sample([t[0] for t in base], [t[0] for t in together]) > ALPHA
     assert two_sample(base, together) > ALPHA and len(set(base)) > 3
+
+
+def test_the_streams_check_catches_a_broken_rule(monkeypatch, default_gguf, alone):
+    """The check above fails at the same alpha when the streams' rule draws from the target's law instead of the
+    residual after a rejection (p about 6e-7 on the first token): its passing means something."""
+    base = by_itself(alone)
+    monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    together = streamed(default_gguf)
+    assert two_sample([t[0] for t in base], [t[0] for t in together]) < ALPHA
 
 
 def test_one_failing_request_leaves_the_others_answered_and_says_why(default_gguf, alone):
