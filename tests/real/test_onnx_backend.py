@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import CORPUS_PROMPTS
-from stats_util import ALPHA, two_sample
+from stats_util import ALPHA, target_instead_of_residual, two_sample
 
 from edgespec.api import Engine
 from edgespec.backends.llama.backend import LlamaBackend
@@ -16,6 +16,7 @@ from edgespec.backends.onnx.backend import MAX_OUTPUTS, OnnxBackend
 from edgespec.backends.onnx.vocab import eog_ids, piece
 from edgespec.backends.onnx.weights import export_facts, output_matrix
 from edgespec.bench import read_prompts
+from edgespec.decode import rule as rule_module
 from edgespec.decode.cost import DraftController
 from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
@@ -491,18 +492,29 @@ def test_mixed_pair_onnx_target_gguf_draft_is_exact(request, real_onnx, draft_fi
     draft.close()
 
 
+def lookup_first_tokens(backend, seeds, draft_max):
+    """The first two tokens at t=1 of the repeating prompt, one generation a seed, prompt lookup drafting."""
+    engine = Engine(backend, PromptLookupDrafter(backend.vocab.n_vocab), controller())
+    return [tuple(engine.generate(REPEATING, max_tokens=2, temperature=1.0, seed=seed, chat=False,
+                                  draft_max=draft_max).tokens) for seed in seeds]
+
+
 def test_temperature_one_first_tokens_match_target_only(real_onnx):
-    """As in test_real_model: the first two tokens over 300 seeds, target-only vs ngram speculative."""
-    engine = Engine(real_onnx, PromptLookupDrafter(real_onnx.vocab.n_vocab), controller())
-
-    def first_tokens(seeds, draft_max):
-        return [tuple(engine.generate(REPEATING, max_tokens=2, temperature=1.0, seed=seed, chat=False,
-                                      draft_max=draft_max).tokens) for seed in seeds]
-
-    base, spec = first_tokens(range(300), 0), first_tokens(range(1000, 1300), 3)
+    """As in test_real_model: the first two tokens over 300 seeds, target-only vs ngram speculative (its power:
+    the next test)."""
+    base, spec = lookup_first_tokens(real_onnx, range(300), 0), lookup_first_tokens(real_onnx, range(1000, 1300), 3)
     assert two_sample([t[0] for t in base], [t[0] for t in spec]) > ALPHA
     assert two_sample(base, spec) > ALPHA
     assert len(set(base)) > 3
+
+
+def test_the_first_tokens_check_catches_a_broken_rule(monkeypatch, real_onnx):
+    """The check above fails at the same alpha on the ONNX target when the rule draws from the target's law instead
+    of the residual after a rejection: its passing means something."""
+    base = lookup_first_tokens(real_onnx, range(300), 0)
+    monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    broken = lookup_first_tokens(real_onnx, range(1000, 1300), 3)
+    assert two_sample([t[0] for t in base], [t[0] for t in broken]) < ALPHA
 
 
 @pytest.mark.parametrize("draft", ["ngram", "onnx"])
