@@ -292,6 +292,28 @@ def pair(n_vocab):
     return WideChain(n_vocab, 1), WideChain(n_vocab, 2)
 
 
+def drafter_of(kind: str, target: WideBackend, draft_chain: WideChain, folder) -> Drafter:
+    """The drafter of a kind of test_real_size_float32_rows_follow_the_target_chain, drafting from draft_chain."""
+    n_vocab = draft_chain.rows.shape[1]
+
+    def model(chain=draft_chain):
+        return ModelDrafter(WideBackend(chain, "draft"), target.vocab)
+
+    if kind in ("model", "gated", "grammar", "grammar-unaware"):
+        return model()
+    return {"cross": lambda: CrossDrafter(OtherTokenizer(draft_chain), target.vocab),
+            "cross-unrenormalised": lambda: Unrenormalised(OtherTokenizer(draft_chain), target.vocab),
+            "lookup": lambda: PromptLookupDrafter(n_vocab, min_ngram=1),
+            "lookup+model": lambda: Sources(model(), n_vocab, min_ngram=1),
+            "heads": lambda: WideHeadDrafter(draft_chain),
+            "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
+            "eagle": lambda: eagle_head(target, folder),
+            "medusa": lambda: medusa_heads(target, draft_chain, folder),
+            "tree": lambda: WideTreeDrafter(draft_chain),
+            "padded-fewer": lambda: model(padded(draft_chain, n_vocab - 100)),
+            "padded-more": lambda: model(padded(draft_chain, n_vocab + 128))}[kind]()
+
+
 @pytest.mark.parametrize("n_vocab, params, kind, broken", [
     (152064, SamplingParams(1.0), "model", False),
     (152064, SamplingParams(1.0), "model", True),
@@ -331,24 +353,7 @@ def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n
         target = HiddenWide(chain)
     else:
         target = WideBackend(chain, vocab=spelled(n_vocab) if kind.startswith("cross") else None)
-    drafter = {"model": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
-               "cross": lambda: CrossDrafter(OtherTokenizer(draft_chain), target.vocab),
-               "cross-unrenormalised": lambda: Unrenormalised(OtherTokenizer(draft_chain), target.vocab),
-               "gated": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
-               "lookup": lambda: PromptLookupDrafter(n_vocab, min_ngram=1),
-               "lookup+model": lambda: Sources(ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab), n_vocab,
-                                               min_ngram=1),
-               "heads": lambda: WideHeadDrafter(draft_chain),
-               "eagle": lambda: eagle_head(target, tmp_path),
-               "medusa": lambda: medusa_heads(target, draft_chain, tmp_path),
-               "heads-subset": lambda: WideHeadDrafter(draft_chain, subset_of(draft_chain)),
-               "tree": lambda: WideTreeDrafter(draft_chain),
-               "padded-fewer": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab - 100), "draft"),
-                                                    target.vocab),
-               "padded-more": lambda: ModelDrafter(WideBackend(padded(draft_chain, n_vocab + 128), "draft"),
-                                                   target.vocab),
-               "grammar": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab),
-               "grammar-unaware": lambda: ModelDrafter(WideBackend(draft_chain, "draft"), target.vocab)}[kind]()
+    drafter = drafter_of(kind, target, draft_chain, tmp_path)
     if kind.startswith(("padded", "cross")):
         assert drafter.pairing == ("cross-tokenizer" if kind.startswith("cross") else "padded")
     if kind == "grammar-unaware":  # its drafts are cut at the first token the grammar forbids
@@ -360,9 +365,10 @@ def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n
         elif kind != "cross-unrenormalised":  # that drafter's laws are the broken part
             monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     assert chain.rows.dtype == np.float32 and chain.rows.shape[1] == n_vocab
-    # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort per draft step), and for a
-    # wrong rule (caught at p < 1e-5 with a third of the runs; the exact one needs none for its false alarm rate)
-    slow = kind == "tree" or kind == "heads" and params.top_p < 1
+    # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort or a ggml head per draft
+    # step), and for a wrong rule (caught at p < 1e-5 with a third of the runs; the exact one needs none for its false
+    # alarm rate)
+    slow = kind in ("tree", "eagle") or kind == "heads" and params.top_p < 1
     runs = RUNS * 2 // 3 if broken and kind == "tree" else RUNS // 3 if slow or broken else RUNS
     draws, drafted = emitted(chain, target, drafter, params, runs, width=3 if kind == "tree" else 1,
                              gated=kind == "gated", grammar=grammar)
