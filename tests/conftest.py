@@ -172,6 +172,9 @@ def soft_llama(folder: Path, layer_scale: float = 1.0, hidden_size: int = 64) ->
     return folder
 
 
+# a prompt whose continuation prompt lookup finds in it, and whose first tokens spread over several ids at t = 1: the
+# real models' two-sample checks of the target law draw their first tokens after it
+REPEATING = "red green blue, red green blue, red green blue, red green"
 CORPUS_PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
                   {"cat": "math", "prompt": "What is 7 times 6?"}]
 

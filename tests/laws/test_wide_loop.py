@@ -13,8 +13,8 @@ subset (stand-ins, and the EAGLE and Medusa drafters themselves over a target wi
 ggml runner on random weights, Medusa heads over an output layer that gives them a draft's law), trees, and a
 grammar's masks with a grammar-aware draft and an unaware one (the law is then the masked chain's,
 NoRepeatLive.law).
-A wrong rule gives p-values of 1e-5 to 1e-149 here (ALPHA is 1e-3), so the twins draw a third of the exact
-runs; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds.
+With a third of the exact runs a wrong rule gives p-values of 1e-9 to 1e-43 here (ALPHA is 1e-3), so the twins
+draw that many; the trees' subtler wrong rule (judged as if drawn with replacement) two thirds, caught at 2e-5.
 """
 
 import copy
@@ -366,7 +366,7 @@ def test_real_size_float32_rows_follow_the_target_chain(tmp_path, monkeypatch, n
             monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     assert chain.rows.dtype == np.float32 and chain.rows.shape[1] == n_vocab
     # fewer runs where a round costs milliseconds (dense float64 draft rows, a top-p sort or a ggml head per draft
-    # step), and for a wrong rule (caught at p < 1e-5 with a third of the runs; the exact one needs none for its false
+    # step), and for a wrong rule (caught at p < 1e-8 with a third of the runs; the exact one needs none for its false
     # alarm rate)
     slow = kind in ("tree", "eagle") or kind == "heads" and params.top_p < 1
     runs = RUNS * 2 // 3 if broken and kind == "tree" else RUNS // 3 if slow or broken else RUNS

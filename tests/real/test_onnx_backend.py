@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CORPUS_PROMPTS
+from conftest import CORPUS_PROMPTS, REPEATING
 from stats_util import ALPHA, target_instead_of_residual, two_sample
 
 from edgespec.api import Engine
@@ -22,7 +22,6 @@ from edgespec.drafts.base import ModelDrafter, PromptLookupDrafter
 from edgespec.errors import EdgespecError
 from edgespec.export import export
 
-REPEATING = "red green blue, red green blue, red green blue, red green"  # prompt lookup finds matches
 TEXTS = ["Hello world 12345, it's 3.14!", "<|im_start|>user\nHi there<|im_end|>\n", "café, naïve, 😀 and ünïcödé",
          "  two  spaces\n\n\ttab {x: [1, 2]} <reponame>"]
 

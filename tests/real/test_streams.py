@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPEATING
 from stats_util import ALPHA, target_instead_of_residual, two_sample
 
 import edgespec
@@ -48,18 +49,15 @@ def test_greedy_streams_answer_as_each_request_alone(reference_pair, draft):
     alone.close()
 
 
-COLOURS = "red green blue, red green blue, red green blue, red green"
-
-
 def streamed(gguf, n: int = 160) -> list[tuple]:
     """The first two tokens at t=1 of n requests (seeds 0..n-1), four streams at a time, prompt lookup drafting."""
     with Parallel(gguf, "ngram", streams=4, n_ctx=256, threads=1) as p:
-        return [tuple(r.tokens) for r in p.generate([{"prompt": COLOURS, "seed": s} for s in range(n)], max_tokens=2,
+        return [tuple(r.tokens) for r in p.generate([{"prompt": REPEATING, "seed": s} for s in range(n)], max_tokens=2,
                                                     temperature=1.0, chat=False, draft_max=3)]
 
 
 def by_itself(alone, n: int = 160) -> list[tuple]:
-    return [tuple(alone.generate(COLOURS, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
+    return [tuple(alone.generate(REPEATING, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
                                  draft_max=0).tokens) for s in range(n)]
 
 
