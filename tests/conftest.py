@@ -31,7 +31,8 @@ TIERS = ("fast", "laws", "real")
 sys.path[1:1] = [str(TESTS / tier) for tier in TIERS]
 # the fixtures that build or open real models: a test outside real/ that asks for one is in the wrong folder
 REAL_FIXTURES = frozenset({"default_gguf", "q4_0_gguf", "padded_gguf", "padded_q4_0_gguf", "retokenized_q4_0_gguf",
-                           "smollm2_checkpoint", "reference_pair", "tiny_checkpoint", "default_corpus", "subset_gguf"})
+                           "smollm2_checkpoint", "reference_pair", "smollm2_onnx_fp32", "tiny_checkpoint",
+                           "default_corpus", "subset_gguf"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -128,6 +129,15 @@ def reference_pair(smollm2_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def smollm2_onnx_fp32(smollm2_checkpoint, tmp_path_factory):
+    """SmolLM2-135M exported to ONNX float32 with its parity report (about 60 s), shared by the export's tests
+    and the ONNX backend's: export_onnx's summary ("path", "parity", "weight_bytes")."""
+    from edgespec.export.onnx import export_onnx
+
+    return export_onnx(smollm2_checkpoint, tmp_path_factory.mktemp("smollm2-onnx") / "fp32", "fp32", progress=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A tiny random Llama checkpoint with SmolLM2's tokenizer: fast export and parity tests."""
     import torch
@@ -173,7 +183,7 @@ def soft_llama(folder: Path, layer_scale: float = 1.0, hidden_size: int = 64) ->
 
 
 # a prompt whose continuation prompt lookup finds in it, and whose first tokens spread over several ids at t = 1: the
-# real models' two-sample checks of the target law draw their first tokens after it
+# real models' checks of the target's exact law draw their first tokens after it
 REPEATING = "red green blue, red green blue, red green blue, red green"
 CORPUS_PROMPTS = [{"cat": "chat", "prompt": "Say hello."}, {"cat": "code", "prompt": "Write a Python add function."},
                   {"cat": "math", "prompt": "What is 7 times 6?"}]

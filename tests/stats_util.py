@@ -38,19 +38,6 @@ def goodness_of_fit(draws: list, expected: dict) -> float:
     return float(stats.chisquare(obs, exp).pvalue)
 
 
-def two_sample(a: list, b: list) -> float:
-    """p-value of a chi-square test that two samples of categories come from the same law."""
-    ca, cb = Counter(a), Counter(b)
-    keys = sorted(set(ca) | set(cb), key=lambda k: -(ca[k] + cb[k]))
-    table = [[ca[k], cb[k]] for k in keys if ca[k] + cb[k] >= 10]
-    rare = [ca[k] + 0 for k in keys if ca[k] + cb[k] < 10], [cb[k] for k in keys if ca[k] + cb[k] < 10]
-    if sum(rare[0]) + sum(rare[1]):
-        table.append([sum(rare[0]), sum(rare[1])])
-    if len(table) < 2:
-        return 1.0
-    return float(stats.chi2_contingency(np.array(table)).pvalue)
-
-
 def without_residual(target_probs, draft_probs, draft_tokens, rng):
     """A wrong rule: on rejection, resample from the target instead of the residual."""
     for i, token in enumerate(draft_tokens):
@@ -191,3 +178,30 @@ def drafted_first_token_p(engine, prompt: str, law: np.ndarray, runs: int, tempe
     expected.append(1 - sum(expected))
     observed.append(runs - sum(observed))
     return stats.chisquare(observed, np.array(expected) * runs).pvalue, accepted
+
+
+def first_two_p(backend, ids: list[int], answers: list[tuple], temperature: float = 1.0) -> tuple[float, float]:
+    """p-values (first token, first two tokens) of answers sampled after `ids` at `temperature` (no filters) against
+    the backend's exact law there: one pass for the first token's law, one for the second's after each first token
+    expected at least once in len(answers) draws; pairs expected less than once pool into one cell ("rest"), as do
+    such first tokens. The backend may be an engine's target: it knows what its cache holds, which ends empty."""
+    n = len(answers)
+
+    def law(rows: np.ndarray) -> np.ndarray:
+        z = rows[-1].astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+    backend.rollback(0)
+    first = law(backend.forward(ids, 1))
+    firsts = {int(t): float(first[t]) for t in np.flatnonzero(first * n >= 1)}
+    pairs = {}
+    for t1, p1 in firsts.items():
+        backend.rollback(len(ids))
+        second = law(backend.forward([t1], 1)) * p1
+        pairs.update({(t1, int(t2)): float(second[t2]) for t2 in np.flatnonzero(second * n >= 1)})
+    backend.rollback(0)
+    firsts["rest"], pairs["rest"] = max(0.0, 1 - sum(firsts.values())), max(0.0, 1 - sum(pairs.values()))
+    one = [a[0] if a[0] in firsts else "rest" for a in answers]
+    two = [tuple(a[:2]) if tuple(a[:2]) in pairs else "rest" for a in answers]
+    return goodness_of_fit(one, firsts), goodness_of_fit(two, pairs)

@@ -176,26 +176,21 @@ def test_parity_failure_leaves_only_the_report(tiny_checkpoint, tmp_path, monkey
     assert not report["passed"] and report["overall"]["top1_agreement"] == 1.0
 
 
-@pytest.fixture(scope="module")
-def smollm2_fp32(smollm2_checkpoint, tmp_path_factory):
-    """SmolLM2-135M exported in float32 (about 40 s), shared by the quantized exports below."""
-    return export_onnx(smollm2_checkpoint, tmp_path_factory.mktemp("smollm2-onnx") / "fp32", "fp32", progress=False)
-
-
-def test_smollm2_fp32_export_reproduces_the_checkpoint(smollm2_fp32):
-    report = smollm2_fp32["parity"]
+def test_smollm2_fp32_export_reproduces_the_checkpoint(smollm2_onnx_fp32):
+    report = smollm2_onnx_fp32["parity"]
     assert report["passed"], report["failures"]
     assert report["overall"]["greedy_equal"] == len(parity.PARITY_PROMPTS)
 
 
 @pytest.mark.parametrize("quant, max_size", [("int8", 0.5), ("int4", 0.4)])
-def test_smollm2_quantized_export_passes_parity(smollm2_checkpoint, smollm2_fp32, tmp_path, monkeypatch,
+def test_smollm2_quantized_export_passes_parity(smollm2_checkpoint, smollm2_onnx_fp32, tmp_path, monkeypatch,
                                                 quant, max_size):
-    # the exporter's output is the float32 export above: reuse it rather than spend another 20 s exporting
-    monkeypatch.setattr(onnx_export, "export_fp32", lambda src, folder: shutil.copytree(smollm2_fp32["path"], folder))
+    # the exporter's output is the float32 export (conftest): reuse it rather than spend another 20 s exporting
+    fp32 = smollm2_onnx_fp32["path"]
+    monkeypatch.setattr(onnx_export, "export_fp32", lambda src, folder: shutil.copytree(fp32, folder))
     result = export_onnx(smollm2_checkpoint, tmp_path / quant, quant, progress=False)
     assert result["parity"]["passed"], result["parity"]["failures"]
-    assert result["weight_bytes"] < max_size * smollm2_fp32["weight_bytes"]
+    assert result["weight_bytes"] < max_size * smollm2_onnx_fp32["weight_bytes"]
 
 
 @pytest.mark.parametrize("quant", ONNX_QUANTS)

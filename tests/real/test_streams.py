@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import REPEATING
-from stats_util import ALPHA, target_instead_of_residual, two_sample
+from stats_util import ALPHA, first_two_p, target_instead_of_residual
 
 import edgespec
 from edgespec.backends.llama.backend import LlamaBackend
@@ -56,26 +56,25 @@ def streamed(gguf, n: int = 160) -> list[tuple]:
                                                     temperature=1.0, chat=False, draft_max=3)]
 
 
-def by_itself(alone, n: int = 160) -> list[tuple]:
-    return [tuple(alone.generate(REPEATING, max_tokens=2, temperature=1.0, chat=False, seed=1000 + s,
-                                 draft_max=0).tokens) for s in range(n)]
+def law_p(alone, answers: list[tuple]) -> tuple[float, float]:
+    """first_two_p of answers to the repeating prompt against the target's exact law (alone's target computes it)."""
+    return first_two_p(alone.target, alone.prompt_tokens(REPEATING, chat=False), answers)
 
 
 def test_a_stream_samples_the_target_law_beside_others(default_gguf, alone):
-    """At t=1 the first two tokens of 160 requests run four at a time, against 160 of the same request alone: one
-    law (two-sample test; its power: the next test)."""
-    together, base = streamed(default_gguf), by_itself(alone)
-    assert two_sample([t[0] for t in base], [t[0] for t in together]) > ALPHA
-    assert two_sample(base, together) > ALPHA and len(set(base)) > 3
+    """At t=1 the first two tokens of 160 requests run four at a time follow the target's exact law of them (its
+    power: the next test)."""
+    together = streamed(default_gguf)
+    first, both = law_p(alone, together)
+    assert first > ALPHA and both > ALPHA and len({t[0] for t in together}) > 3
 
 
 def test_the_streams_check_catches_a_broken_rule(monkeypatch, default_gguf, alone):
     """The check above fails at the same alpha when the streams' rule draws from the target's law instead of the
-    residual after a rejection (p about 6e-7 on the first token): its passing means something."""
-    base = by_itself(alone)
+    residual after a rejection (p about 5e-7 on the first token): its passing means something."""
     monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
-    together = streamed(default_gguf)
-    assert two_sample([t[0] for t in base], [t[0] for t in together]) < ALPHA
+    first, _ = law_p(alone, streamed(default_gguf))
+    assert first < ALPHA
 
 
 def test_one_failing_request_leaves_the_others_answered_and_says_why(default_gguf, alone):
