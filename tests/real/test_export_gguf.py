@@ -123,6 +123,22 @@ def test_not_enough_disk_is_refused_before_work(tiny_checkpoint, tmp_path, monke
     assert only_outputs(tmp_path) == []
 
 
+def test_a_converter_failure_is_one_error_that_leaves_logging_and_argv_as_they_were(tiny_checkpoint, tmp_path):
+    """The converter runs in this process: what it raises (here: on weights that are not safetensors, which the
+    checks before it do not read) becomes one EdgespecError, and the root logger and sys.argv it sets are restored."""
+    import logging
+    import sys
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_checkpoint, src)
+    (src / "model.safetensors").write_bytes(b"not safetensors")
+    handlers, level, argv = logging.getLogger().handlers[:], logging.getLogger().level, sys.argv[:]
+    with pytest.raises(EdgespecError, match="llama.cpp's converter failed on .*src"):
+        gguf_export.convert(src, tmp_path / "m.gguf", "f32", progress=False)
+    assert (logging.getLogger().handlers, logging.getLogger().level, sys.argv) == (handlers, level, argv)
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_interrupted_conversion_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
     def interrupted(folder, dst, outtype, progress):
         dst.write_bytes(b"GGUF half written")

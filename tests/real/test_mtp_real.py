@@ -68,8 +68,9 @@ def test_greedy_text_is_target_only_text(qwen35):
         assert a.stats.tree_nodes > a.stats.drafted > 0
 
 
-@pytest.mark.parametrize("temperature, width", [(0.7, 1), (1.0, 1), (1.0, 3)])
-@pytest.mark.parametrize("broken", [False, True])
+# the broken twins at t = 1, one per rule (chains, trees): the same rule runs at t = 0.7
+@pytest.mark.parametrize("temperature, width, broken", [(0.7, 1, False), (1.0, 1, False), (1.0, 1, True),
+                                                        (1.0, 3, False), (1.0, 3, True)])
 def test_a_drafted_token_follows_the_target_law(qwen35, law_logits, monkeypatch, broken, temperature, width):
     """600 answers at t = 0.7 and 1 whose first token the MTP layer drafted (2000 at width 3: with two siblings,
     verified as distinct candidates): its law is the target's (cells for the tokens likely enough, and the rest).
