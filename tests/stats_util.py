@@ -100,21 +100,33 @@ def random_gates(seed=0):
     return lambda controller: RandomGate(controller, rng)
 
 
-def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=6000,
-                     gate=None, caught=None, draft_max=3):
+RUNS = 6000  # draws of a law test; its broken twin draws a third of them (law_runs)
+
+
+def law_runs(must_fail: bool, runs: int = RUNS) -> int:
+    """Draws for a law test: `runs`, or a third of them for a broken twin, whose wrong law fails at a p-value far
+    below ALPHA (1e-15 or less at a third of the draws, for every twin that check_target_law runs)."""
+    return runs // 3 if must_fail else runs
+
+
+def check_target_law(monkeypatch, target, drafter, table, params, *, width, broken, n_tokens, runs=RUNS,
+                     gate=None, caught=None, draft_max=3) -> float:
     """Draw n_tokens from the loop `runs` times, drafting chains (width 1) or trees 3 deep, and assert their
     joint law is the target chain's (table), or, with `broken`, that the test catches a wrong rule: chains
     without the residual step, trees judging distinct candidates by the full draft law (the rule for i.i.d.
     candidates). gate(controller) -> a DraftGate: chains drafted under it, as far as it lets them (it must
     have both kept tokens and ended chains, many times). caught: whether the test must fail (default: broken),
     for a drafter broken on purpose. draft_max: the rounds' fixed length without a gate (None: the controller's
-    choice; for trees, the shapes it plans). Returns the tokens the rounds drafted (tree nodes for trees)."""
+    choice; for trees, the shapes it plans). runs: the exact test's draws (a twin draws law_runs of them). Returns
+    the tokens the rounds drafted per answer (tree nodes for trees)."""
     from edgespec.decode import verify as verify_module
 
     if broken and width == 1:
         monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
     elif broken:
         monkeypatch.setattr(verify_module, "verify_candidates", judged_with_replacement)
+    must_fail = broken if caught is None else caught
+    runs = law_runs(must_fail, runs)
     draws, drafted, verdicts = [], 0, Counter()  # verdicts: the gate's, keep (True) or end the chain
 
     def counted_gate(ctl):
@@ -139,10 +151,10 @@ def check_target_law(monkeypatch, target, drafter, table, params, *, width, brok
         draws.append(tuple(tokens_of(list(events))))
         drafted += stats.tree_nodes if width > 1 else stats.drafted
     p = goodness_of_fit(draws, markov_law(table, params, 1, n_tokens))
-    assert (p < ALPHA) == (broken if caught is None else caught), p
+    assert (p < ALPHA) == must_fail, p
     if gate is not None:
         assert min(verdicts[True], verdicts[False]) > runs // 10, verdicts
-    return drafted
+    return drafted / runs
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

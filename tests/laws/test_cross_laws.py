@@ -30,4 +30,4 @@ def test_cross_tokenizer_drafts_draw_the_target_law(monkeypatch, kind, broken):
     drafted = check_target_law(monkeypatch, target, kind(draft, vocab(TARGET)), table, SamplingParams(temperature=1.0),
                                width=1, broken=broken and kind is CrossDrafter, n_tokens=3, runs=4000,
                                caught=broken)
-    assert drafted > 4000
+    assert drafted > 1  # tokens drafted per answer

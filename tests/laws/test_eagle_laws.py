@@ -26,4 +26,4 @@ def test_eagle_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, wid
                            embeddings=rng.normal(size=(V, E)).astype(np.float32), runner=runner)
     drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4,
                                gate=random_gates() if gated else None)
-    assert drafted > 6000 * (3 if width > 1 else 1 / 2 if gated else 1)
+    assert drafted > (3 if width > 1 else 1 / 2 if gated else 1)  # per answer

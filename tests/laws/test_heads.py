@@ -65,7 +65,7 @@ def test_medusa_drafts_follow_the_target_chain(tmp_path, monkeypatch, params, wi
     drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4,
                                gate=random_gates() if gated else None)
     # the heads drafted in most runs (all but each first round)
-    assert drafted > 6000 * (2 if width > 1 else 1 / 2 if gated else 1)
+    assert drafted > (2 if width > 1 else 1 / 2 if gated else 1)
 
 
 SUBSET = np.array([1, 2, 4])  # EOS (0) and token 3 are never drafted
@@ -89,7 +89,7 @@ def test_heads_over_a_token_subset_keep_the_target_law(tmp_path, monkeypatch, pa
     sums = tree.probs.sum(axis=1)  # one law per depth, over the subset
     assert np.isclose(sums, 1.0).sum() == 3 and np.all(np.isclose(sums, 1.0) | (sums == 0))
     drafted = check_target_law(monkeypatch, target, drafter, table, params, width=width, broken=broken, n_tokens=4)
-    assert drafted > 6000 * (2 if width > 1 else 1)
+    assert drafted > (2 if width > 1 else 1)  # per answer
 
 
 def test_heads_state_is_a_residual_block():

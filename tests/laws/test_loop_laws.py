@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from fake import EOS, FakeBackend, Sources, random_table
-from stats_util import check_target_law, random_gates
+from stats_util import check_target_law, law_runs, random_gates
 from test_loop import MarkovTreeDrafter, V
 
 from edgespec.decode.cost import CONFIDENCE_BINS, DraftController
@@ -32,7 +32,7 @@ def test_speculative_sequences_follow_the_target_chain(monkeypatch, params, widt
     drafter = ModelDrafter(FakeBackend(d_table), target.vocab) if width == 1 else MarkovTreeDrafter(d_table)
     drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
                                n_tokens=3, gate=random_gates() if gated else None)
-    assert drafted > 6000 * (2 * width if width > 1 else 1 / 2 if gated else 1)  # the rounds did draft (trees: trees)
+    assert drafted > (2 * width if width > 1 else 1 / 2 if gated else 1)  # per answer (trees: tree nodes)
 
 
 @pytest.mark.parametrize("params, broken", [(SamplingParams(temperature=1.0), False),
@@ -54,7 +54,7 @@ def test_trees_in_the_planned_shapes_follow_the_target_chain(monkeypatch, params
 
     drafted = check_target_law(monkeypatch, FakeBackend(t_table), Recorded(d_table), t_table, params, width=3,
                                broken=broken, n_tokens=3, draft_max=None)
-    assert drafted > 6000 * 6  # wide trees were drafted
+    assert drafted > 6  # wide trees were drafted
     assert any(shape.parents[node] >= 0 and shape.ranks[shape.parents[node]] > 0
                for shape in shapes for node in range(shape.size))  # a later guess had children
 
@@ -73,7 +73,7 @@ def test_a_draft_models_trees_follow_the_target_chain(monkeypatch, params, width
     drafter = ModelDrafter(FakeBackend(d_table), target.vocab)
     drafted = check_target_law(monkeypatch, target, drafter, t_table, params, width=width, broken=broken,
                                n_tokens=3, draft_max=draft_max)
-    assert drafted > 6000 * 2 * width  # siblings were verified
+    assert drafted > 2 * width  # siblings were verified
 
 
 def test_a_gate_that_judges_the_drawn_token_is_caught(monkeypatch):
@@ -122,4 +122,4 @@ def test_lookup_in_front_of_a_draft_model_keeps_the_target_chain(monkeypatch, pa
     drafter = Sources(ModelDrafter(FakeBackend(d_table), target.vocab), V, min_ngram=1)
     check_target_law(monkeypatch, target, drafter, t_table, params, broken=broken, width=1, n_tokens=4,
                      gate=random_gates() if gated else None)
-    assert min(drafter.rounds.values()) > 2000, drafter.rounds
+    assert min(drafter.rounds.values()) > law_runs(broken) / 3, drafter.rounds

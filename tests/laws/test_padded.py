@@ -85,4 +85,4 @@ def test_padded_pairs_draw_the_target_law(monkeypatch, n_draft, broken):
         draft_table[:, T] = 4.0  # the id the target lacks: what this draft would propose most
     drafted = check_target_law(monkeypatch, FakeBackend(table), ModelDrafter(FakeBackend(draft_table), make_vocab(T)),
                                table, SamplingParams(temperature=1.0), width=1, broken=broken, n_tokens=3, runs=4000)
-    assert drafted > 4000
+    assert drafted > 1  # tokens drafted per answer

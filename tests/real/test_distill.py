@@ -310,9 +310,6 @@ def test_distill_trains_on_sampled_answers(soft_checkpoint, tmp_path):
 def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_path):
     """--init: the second run starts where the first ended (its held-out loss before training is the first's
     after), and a checkpoint that is not a draft of this target is refused before any corpus is written."""
-    import subprocess
-    import sys
-
     from edgespec.errors import EdgespecError
     from edgespec.export import export
     from edgespec.train.distill import distill
@@ -338,13 +335,17 @@ def test_distill_goes_on_training_a_draft_it_made_before(soft_checkpoint, tmp_pa
     # and through the CLI, which says where the draft stands per category
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    result = subprocess.run([  # a process of its own: the GGUF converter needs real file descriptors
-        sys.executable, "-m", "edgespec.cli", "distill", "--target", str(target), "--source", str(soft_checkpoint),
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    result = CliRunner().invoke(main, [
+        "distill", "--target", str(target), "--source", str(soft_checkpoint),
         "--out", str(tmp_path / "f.gguf"), "--prompts", str(prompts_file), "--only-prompts",
         "--corpus", str(tmp_path / "c.corpus"), "--init", str(tmp_path / "a.hf"), "--layers", "2",
-        "--epochs", "1", "--max-tokens", "16", "--lr", "3e-3"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "held-out agreement by category: chat " in result.stdout
+        "--epochs", "1", "--max-tokens", "16", "--lr", "3e-3"])
+    assert result.exit_code == 0, result.output
+    assert "held-out agreement by category: chat " in result.output
     cli_run = json.loads((tmp_path / "f.gguf.distill.json").read_text())
     assert cli_run["training"]["grown"] == [0, "new"] and cli_run["export"]["quant"] == "q8_0"
     with pytest.raises(EdgespecError, match="3 layers, the target 3: not a draft"):
