@@ -195,25 +195,30 @@ def drafted_first_token_p(engine, prompt: str, law: np.ndarray, runs: int, tempe
 def first_two_p(backend, ids: list[int], answers: list[tuple], temperature: float = 1.0) -> tuple[float, float]:
     """p-values (first token, first two tokens) of answers sampled after `ids` at `temperature` (no filters) against
     the backend's exact law there: one pass for the first token's law, one for the second's after each first token
-    expected at least once in len(answers) draws; pairs expected less than once pool into one cell ("rest"), as do
-    such first tokens. The backend may be an engine's target: it knows what its cache holds, which ends empty."""
-    n = len(answers)
+    expected at least once in len(answers) draws. An answer ends before an end-of-generation id, which it leaves out
+    (cells "end" and (t1,)); outcomes expected less than once pool into one cell ("rest"). The backend may be an
+    engine's target: it knows what its cache holds, which ends empty."""
+    n, eog = len(answers), sorted(backend.vocab.eog_ids)
 
     def law(rows: np.ndarray) -> np.ndarray:
-        z = rows[-1].astype(np.float64) / temperature
-        p = np.exp(z - z.max())
-        return p / p.sum()
+        return softmax(rows[-1].astype(np.float64) / temperature)
 
     backend.rollback(0)
     first = law(backend.forward(ids, 1))
-    firsts = {int(t): float(first[t]) for t in np.flatnonzero(first * n >= 1)}
-    pairs = {}
+    firsts = {int(t): float(first[t]) for t in np.flatnonzero(first * n >= 1) if t not in eog}
+    pairs = {(): float(first[eog].sum())}
     for t1, p1 in firsts.items():
         backend.rollback(len(ids))
         second = law(backend.forward([t1], 1)) * p1
-        pairs.update({(t1, int(t2)): float(second[t2]) for t2 in np.flatnonzero(second * n >= 1)})
+        pairs[(t1,)] = float(second[eog].sum())
+        pairs.update({(t1, int(t2)): float(second[t2]) for t2 in np.flatnonzero(second * n >= 1) if t2 not in eog})
     backend.rollback(0)
+    firsts["end"] = pairs[()]
     firsts["rest"], pairs["rest"] = max(0.0, 1 - sum(firsts.values())), max(0.0, 1 - sum(pairs.values()))
-    one = [a[0] if a[0] in firsts else "rest" for a in answers]
-    two = [tuple(a[:2]) if tuple(a[:2]) in pairs else "rest" for a in answers]
+
+    def cell(outcome, cells: dict):
+        return outcome if outcome in cells else "rest"
+
+    one = [cell(a[0] if a else "end", firsts) for a in answers]
+    two = [cell(tuple(a[:2]), pairs) for a in answers]
     return goodness_of_fit(one, firsts), goodness_of_fit(two, pairs)

