@@ -15,6 +15,7 @@ usage: python -m edgespec.models.random_gguf OUT.gguf [--shape 135m|1.5b|3b|8b|t
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,16 +52,25 @@ def _tokenizer_fields(n_vocab: int, source: str | os.PathLike | None):
         from edgespec.models.default import default_target
 
         source = default_target()
-    reader = gguf_file.open_gguf(source)
-    fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
-    tokens = [bytes(t) if not isinstance(t, str) else t.encode() for t in fields["tokenizer.ggml.tokens"].contents()]
-    types = list(fields["tokenizer.ggml.token_type"].contents())
+    stat = os.stat(source)
+    fields, tokens, types = _read_tokenizer(str(source), stat.st_size, stat.st_mtime_ns)
     if n_vocab < len(tokens):
         raise EdgespecError(f"a vocabulary of {n_vocab} tokens is smaller than the tokenizer's {len(tokens)}")
     pad = n_vocab - len(tokens)
-    tokens += [f"<|reserved_special_token_{i}|>".encode() for i in range(pad)]
-    types += [gguf_file.control_token_type()] * pad
+    tokens = [*tokens, *(f"<|reserved_special_token_{i}|>".encode() for i in range(pad))]
+    types = [*types, *[gguf_file.control_token_type()] * pad]
     return fields, tokens, types
+
+
+@functools.lru_cache(maxsize=4)
+def _read_tokenizer(path: str, size: int, mtime_ns: int) -> tuple[dict, tuple, tuple]:
+    """A GGUF's tokenizer fields, tokens and token types, read once per file version (size and mtime in the key):
+    gguf-py parses a 49k-token vocabulary in 7 s, and a session writes several random GGUFs from one tokenizer."""
+    reader = gguf_file.open_gguf(path)
+    fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
+    tokens = tuple(bytes(t) if not isinstance(t, str) else t.encode()
+                   for t in fields["tokenizer.ggml.tokens"].contents())
+    return fields, tokens, tuple(fields["tokenizer.ggml.token_type"].contents())
 
 
 def write_random_gguf(path: str | os.PathLike, *, shape: Shape | str = "135m", n_vocab: int = 152064,
