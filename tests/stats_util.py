@@ -184,12 +184,7 @@ def drafted_first_token_p(engine, prompt: str, law: np.ndarray, runs: int, tempe
         assert result.stats.drafted >= 1
         draws.append(result.tokens[0])
         accepted += result.stats.accepted
-    cells = [x for x in range(len(law)) if law[x] * runs >= 5]
-    expected = [law[x] for x in cells]
-    observed = [draws.count(x) for x in cells]
-    expected.append(1 - sum(expected))
-    observed.append(runs - sum(observed))
-    return stats.chisquare(observed, np.array(expected) * runs).pvalue, accepted
+    return goodness_of_fit(draws, {int(x): float(p) for x, p in enumerate(law)}), accepted
 
 
 def first_two_p(backend, ids: list[int], answers: list[tuple], temperature: float = 1.0) -> tuple[float, float]:

@@ -135,7 +135,7 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
 
     out = sys.stderr if progress else io.StringIO()
     root = logging.getLogger()
-    saved = root.handlers[:], root.level, sys.argv
+    handlers, level, argv = root.handlers[:], root.level, sys.argv
     root.handlers[:] = [logging.StreamHandler(out)]  # the converter's logging.basicConfig then leaves it as it is
     root.setLevel(logging.INFO)
     failure = None
@@ -149,8 +149,8 @@ def convert(folder: Path, dst: Path, outtype: str, progress: bool) -> None:
     except Exception as error:  # noqa: BLE001 (any converter error becomes one clear error)
         failure = f"{type(error).__name__}: {error}"
     finally:
-        root.handlers[:], sys.argv = saved[0], saved[2]
-        root.setLevel(saved[1])
+        root.handlers[:], sys.argv = handlers, argv
+        root.setLevel(level)
     if failure is not None:
         tail = out.getvalue().strip().splitlines()[-5:] if not progress else []
         raise EdgespecError(f"llama.cpp's converter failed on {folder} ({failure})"

@@ -65,7 +65,8 @@ def _tokenizer_fields(n_vocab: int, source: str | os.PathLike | None):
 @functools.lru_cache(maxsize=4)
 def _read_tokenizer(path: str, size: int, mtime_ns: int) -> tuple[dict, tuple, tuple]:
     """A GGUF's tokenizer fields, tokens and token types, read once per file version (size and mtime in the key):
-    gguf-py parses a 49k-token vocabulary in 7 s, and a session writes several random GGUFs from one tokenizer."""
+    gguf-py parses a 49k-token vocabulary in about 5 s, and a session writes several random GGUFs from one
+    tokenizer."""
     reader = gguf_file.open_gguf(path)
     fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
     tokens = tuple(bytes(t) if not isinstance(t, str) else t.encode()
