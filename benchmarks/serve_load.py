@@ -3,8 +3,9 @@
 Apps that put a local model behind an HTTP endpoint send it several conversations at once; what they see is the
 throughput of the whole server and the wait of each request. For each client count C (--clients), every system is
 started on its own, one at a time, on a free loopback port with room for C streams: llama-server with `-np C` slots
-(its `-c` the total context, --ctx per slot) plain, with the draft model (`--spec-type draft-simple`, as
-vs_llama_cpp.py runs it) and with prompt lookup (`--spec-type ngram-simple`); edgespec serve --parallel C
+(its `-c` the total context, --ctx per slot) plain, with the draft (`--spec-type draft-simple` for a draft model,
+`draft-eagle3` / `draft-dflash` for an EAGLE-3 head or DFlash draft, as vs_llama_cpp.py runs them; --server-draft
+adds flags) and with prompt lookup (`--spec-type ngram-simple`); edgespec serve --parallel C
 target-only, with the same draft and with prompt lookup (--ctx per stream). Both with --threads threads and
 --gpu-layers layers on the GPU (0: the CPU only). After one warm-up request, C client threads each send
 --per-client chat requests in turn (non-streaming; greedy with no top-k, top-p or min-p; a fixed seed per
@@ -42,7 +43,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vs_llama_cpp import Server, free_port, llama_bin
+from vs_llama_cpp import Server, free_port, llama_bin, server_draft_args
 
 SYSTEMS = {  # --systems name -> table label
     "llama": "llama-server",
@@ -93,8 +94,10 @@ def start(system: str, args: argparse.Namespace, streams: int) -> Server:
         return EdgespecServer(args.target, draft, args.threads, args.ctx, streams, args.max_tokens, args.gpu_layers,
                               extra)
     layers = str(args.gpu_layers)
-    extra = {"llama": [], "llama+draft": ["-md", args.draft, "-ngld", layers, "--spec-type", "draft-simple"],
-             "llama+ngram": ["--spec-type", "ngram-simple"]}[system]
+    if system == "llama+draft":
+        extra = [*server_draft_args(args.draft, args.gpu_layers), *shlex.split(args.server_draft)]
+    else:
+        extra = {"llama": [], "llama+ngram": ["--spec-type", "ngram-simple"]}[system]
     return Server(args.binary, args.target, args.threads, args.ctx * streams, ["-ngl", layers, *extra],
                   slots=streams)
 
@@ -238,6 +241,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", metavar="T.gguf", help="target GGUF [default: the default model]")
     ap.add_argument("--draft", metavar="D.gguf", help="a draft GGUF, for the +draft systems")
+    ap.add_argument("--server-draft", default="", metavar="FLAGS",
+                    help='more llama-server flags for llama+draft (e.g. "--spec-draft-n-max 8 --spec-draft-p-min 0.5")')
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024, help="context per stream")
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both sides (0: the CPU only)")

@@ -129,6 +129,17 @@ class Server:
         self.log.close()
 
 
+def server_draft_args(draft: str, gpu_layers: int) -> list[str]:
+    """llama-server's flags for a draft: an EAGLE-3 head or DFlash draft as draft-eagle3 / draft-dflash (beside the
+    target), the target's MTP layer ("mtp") as draft-mtp, a draft model as draft-simple."""
+    from edgespec.drafts.llama_kinds import MTP_DRAFT, llama_kind
+
+    if draft == MTP_DRAFT:
+        return ["--spec-type", "draft-mtp"]
+    kind = f"draft-{llama_kind(draft)}" if llama_kind(draft) else "draft-simple"
+    return ["-md", draft, "-ngld", str(gpu_layers), "--spec-type", kind]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", help="a pair manifest (make pair): its target and draft")
@@ -172,16 +183,7 @@ def main() -> None:
     binary = llama_bin(args.llama_bin) / "llama-server"
     configs = {"llama-server": ["-ngl", str(args.gpu_layers)]}
     if args.draft != "ngram":
-        from edgespec.drafts.llama_kinds import MTP_DRAFT, llama_kind
-
-        # an EAGLE-3 head or DFlash draft runs as llama-server's draft-eagle3 / draft-dflash (beside the target),
-        # the target's MTP layer as draft-mtp, a draft model as draft-simple
-        if args.draft == MTP_DRAFT:
-            drafted = [*configs["llama-server"], "--spec-type", "draft-mtp"]
-        else:
-            kind = f"draft-{llama_kind(args.draft)}" if llama_kind(args.draft) else "draft-simple"
-            drafted = [*configs["llama-server"], "-md", args.draft, "-ngld", str(args.gpu_layers), "--spec-type",
-                       kind]
+        drafted = [*configs["llama-server"], *server_draft_args(args.draft, args.gpu_layers)]
         if not args.no_default_draft:
             configs["llama-server + draft"] = drafted
         for n_max in args.server_draft_max:

@@ -27,7 +27,7 @@ from edgespec.backends.llama.streams import SharedContext
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.drafts.base import MAX_DRAFT, PromptLookupDrafter
-from edgespec.drafts.spec import model_drafter
+from edgespec.drafts.spec import llama_head, model_drafter
 from edgespec.pair import Pair
 from edgespec.run import K_MAX, Run, resolve_run
 
@@ -55,7 +55,9 @@ class Parallel:
     target: a GGUF file or hub name (None: the default model). draft: "auto" (api.load's choice: prompt lookup, or
     a catalogued draft model for a hub target), "none", "ngram" (prompt lookup per stream) or a draft model (GGUF
     file or hub name, the target's vocabulary, padded, or another tokenizer; its steps joined across streams as
-    the target's passes are); heads draft one stream at a time. n_ctx: each stream's context. gpu_layers: target
+    the target's passes are), "mtp", or an EAGLE-3 or DFlash GGUF (one decoder context beside the target, a
+    sequence a stream: drafts/llama_head.for_streams); EAGLE-1 and Medusa heads and prompt lookup in front of a
+    draft run one stream at a time (run.one_stream_reason). n_ctx: each stream's context. gpu_layers: target
     and draft layers on the GPU (default: where this llama.cpp has a GPU, what the plan for this machine puts
     there). device, budget, kv_type, profiles: plan the memory of `streams` contexts (run.plan_for) and refuse
     what cannot fit before any weights load. target: also a Run (run.resolve_run), every other argument then
@@ -70,17 +72,18 @@ class Parallel:
                           k_max=k_max, device=device, budget=budget, kv_type=kv_type, profiles=profiles)
         self.run = run
         spec, streams, n_ctx, k_max = run.pair.draft, run.streams, run.n_ctx, run.k_max
-        self._own_pass = spec.kind == "lookup" and not run.one_pool  # a draft's rows: a pass of their own
+        heads = spec.family == "heads"  # an EAGLE-3 head, DFlash or MTP layer (run.one_stream_reason: no others)
+        self._own_pass = spec.kind == "lookup" or heads and not run.one_pool  # a draft's rows: a pass of their own
         self.streams = streams
         self._lock = threading.Lock()
 
-        def shared(path, ctx, settings, drafts_for=None):
+        def shared(path, ctx, settings, drafts_for=None, **more):
             return SharedContext(LlamaBackend(path, n_ctx=ctx * streams, n_threads=run.threads, sequences=streams,
                                               overlap=False, outputs=streams * MAX_OUTPUTS, unified=run.one_pool,
-                                              **settings.as_kwargs()), drafts_for=drafts_for)
+                                              **settings.as_kwargs(), **more), drafts_for=drafts_for)
 
-        self.target = shared(run.pair.target, n_ctx, run.target_settings)
-        self.draft = None
+        self.target = shared(run.pair.target, n_ctx, run.target_settings, load_mtp=spec.kind == "mtp")
+        self.draft = self.heads = None
         try:
             # passes of up to streams + k_max rows: a stream drafting k beside others that send a token each
             self._rows_cost = _rows_costs(measure_pass_costs(self.target.stream(0), min(streams + k_max, MAX_OUTPUTS)),
@@ -88,7 +91,11 @@ class Parallel:
             self._k_max, self._active = k_max, set()
             costs = self._batch_costs(1)
             draft_cost = 0.0
-            if spec.kind == "model":
+            if heads:  # one decoder context, a sequence a stream (drafts/llama_head.for_streams)
+                self.heads = llama_head(spec, self.target.backend, threads=run.threads)
+                drafters = self.heads.for_streams(self.target)
+                draft_cost = self.heads.measure_cost()
+            elif spec.kind == "model":
                 # its steps join those of the other streams drafting (backends/llama/streams.py), but a step is
                 # priced whole, as if the others did not draft: what it adds to the round where it drafts alone
                 # (the others' verify waits for it). Priced as a share of a step of every generating stream, a
@@ -97,9 +104,10 @@ class Parallel:
                 self.draft = shared(spec.source, min(n_ctx, 1024) + MAX_DRAFT, run.draft_settings, self.target)
                 draft_cost = measure_pass_costs(self.draft.stream(0), 1)[1]
             draft_streams = [self.draft.stream(i) if self.draft else None for i in range(streams)]
-            drafters = [model_drafter(backend, self.target.backend.vocab, quiet=i > 0) if backend is not None
-                        else PromptLookupDrafter(self.target.backend.vocab.n_vocab) if spec.kind == "lookup" else None
-                        for i, backend in enumerate(draft_streams)]
+            if not heads:
+                drafters = [model_drafter(backend, self.target.backend.vocab, quiet=i > 0) if backend is not None
+                            else PromptLookupDrafter(self.target.backend.vocab.n_vocab) if spec.kind == "lookup"
+                            else None for i, backend in enumerate(draft_streams)]
             # one controller built for the pair (its prior and reading cost measured once), a copy a stream
             first = controller_for(self.target.stream(0), drafters[0], draft_streams[0], costs, draft_cost, k_max,
                                    learn_costs=False)
@@ -222,6 +230,9 @@ class Parallel:
         return all([engine.cache_prompts(cache) for engine in self.engines])
 
     def close(self) -> None:
+        if self.heads is not None:  # its context reads the target's: it goes first
+            self.heads.close()
+            self.heads = None
         for shared in (self.target, self.draft):
             if shared is not None:
                 shared.close()

@@ -115,9 +115,10 @@ def one_stream_reason(target: str, spec: DraftSpec) -> str | None:
     if Path(target).is_dir() or Path(target).suffix.lower() != ".gguf":
         return (f"{target}: several streams at once need a GGUF target (llama.cpp); an ONNX target answers one "
                 "request at a time")
-    if spec.kind not in ("none", "lookup", "model") or spec.lookup_first:
-        return (f"draft {spec}: several streams draft with prompt lookup or a draft model; heads and prompt lookup in "
-                "front of a draft run one stream at a time")
+    if (spec.kind not in ("none", "lookup", "model", "mtp") and not spec.in_llama) or spec.lookup_first:
+        return (f"draft {spec}: several streams draft with prompt lookup, a draft model, an EAGLE-3 head, a DFlash "
+                "draft or MTP layers; EAGLE-1 and Medusa heads and prompt lookup in front of a draft run one stream "
+                "at a time")
     return None
 
 
@@ -129,9 +130,9 @@ def _layout(spec: DraftSpec, layers: int | None, n_ctx: int) -> tuple[bool, int]
     beside three such streams 18 %: docs/results/2026-11-27-long-prompts.md). But llama.cpp then computes the rows
     a stream's draft adds beyond the others' one token as a pass of their own, which a GPU pays as a whole pass
     where the same rows in one pool cost little; and a draft model's streams step their draft model together. So
-    on a GPU, and with a draft model, drafting streams share one pool."""
+    on a GPU (prompt lookup, heads inside llama.cpp), and with a draft model, drafting streams share one pool."""
     on_gpu = placement.gpu_name() is not None and layers != 0
-    unified = spec.kind == "model" or (spec.kind == "lookup" and on_gpu)
+    unified = spec.kind == "model" or ((spec.kind == "lookup" or spec.family == "heads") and on_gpu)
     return unified, n_ctx if unified else -(-n_ctx // CTX_STEP) * CTX_STEP  # a pool rounded up as llama.cpp does
 
 

@@ -208,3 +208,38 @@ def subset_gguf(q4_0_gguf, tmp_path_factory):
     from edgespec.backends.llama.subset import write_subset
 
     return write_subset(q4_0_gguf, tmp_path_factory.mktemp("models") / "smollm2-q4_0-s8k.gguf", np.arange(8192))
+
+
+def streams_draft_as_one(target, draft: str, prompts: list[str], **options) -> None:
+    """A draft inside llama.cpp (an EAGLE-3 head, a DFlash draft, an MTP layer) on two streams sharing its decoder
+    context (drafts/llama_head.for_streams), greedy at a fixed draft length: each answer is target-only's, its
+    drafts kept where one stream's are, and where the decoder keeps a law of its newest entry (EAGLE-3, MTP) each
+    stream's ends on the one a stream alone ends on with the same text: each stream's drafter reads its own
+    stream's rows of the joined passes. The target should be one whose rows move by rounding only between passes
+    of other shapes (f32), or greedy near-ties may flip."""
+    import numpy as np
+
+    import edgespec
+    from edgespec.parallel import Parallel
+
+    options = {"max_tokens": 24, "temperature": 0, "draft_max": 3, **options}
+    with Parallel(target, draft, streams=2, n_ctx=256) as p:
+        assert len(p.heads.siblings) == 1 and p.engines[1].drafter.seq == 1
+        before = p.target.decodes
+        results = p.generate([{"prompt": prompt, **options} for prompt in prompts])
+        assert p.target.decodes - before - len(prompts) < sum(r.stats.target_passes for r in results)  # joined
+        ends = {tuple(e.drafter.context): e.drafter.last[1].copy() for e in p.engines if e.drafter.last is not None}
+    one, plain = edgespec.load(target, draft, n_ctx=256), edgespec.load(target, None, n_ctx=256)
+    laws = []
+    for prompt, result in zip(prompts, results, strict=True):
+        alone = one.generate(prompt, **options)
+        assert result.tokens == alone.tokens == plain.generate(prompt, **{**options, "draft_max": 0}).tokens
+        assert (result.stats.drafted, result.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+        assert result.stats.drafted > 0
+        if one.drafter.last is not None:
+            laws.append(one.drafter.last[1])
+            assert np.abs(ends[tuple(one.drafter.context)] - laws[-1]).max() < 1e-3 * np.ptp(laws[-1])
+    if laws:  # the two texts' laws differ: the check above has teeth
+        assert np.abs(laws[0] - laws[1]).max() > 0.1 * np.ptp(laws[1])
+    one.close()
+    plain.close()

@@ -35,7 +35,7 @@ from edgespec.errors import EdgespecError
 
 
 class DFlashDrafter(LayerReadingDrafter):
-    """Drafts chains from a DFlash GGUF against a LlamaBackend target (one stream)."""
+    """Drafts chains from a DFlash GGUF against a LlamaBackend target (streams: for_streams)."""
 
     what = "a DFlash draft"
 
@@ -63,16 +63,16 @@ class DFlashDrafter(LayerReadingDrafter):
         self.attach(ctx, target, len(self.layers) * target.n_embd)  # g[P]: the target's features at P
         self.read_layers(target)
 
-    def _read_target(self, positions: list[int]) -> None:
+    def _read_target(self, positions: list[int], first: int = 0) -> None:
         """After a target pass: its rows' features, g[P] for each position."""
-        self.g[positions] = self.features(len(positions))
+        self.g[positions] = self.features(len(positions), first)
 
     def _commit(self, context: list[int]) -> None:
         """The features of positions len(self.context) - 1 .. len(context) - 2 into the draft's cache."""
         done = len(self.context) - 1 if context[:len(self.context)] == self.context else 0
         done, last = max(done, 0), len(context) - 1
         if done < last:
-            _lib().llama_memory_seq_rm(self._mem, 0, done, -1)
+            _lib().llama_memory_seq_rm(self._mem, self.seq, done, -1)
             for start in range(done, last, self.n_batch):
                 for pos in range(start, min(start + self.n_batch, last)):
                     self.batch.add(None, self.g[pos], pos, False)
@@ -93,7 +93,7 @@ class DFlashDrafter(LayerReadingDrafter):
                     for i in range(1, k + 1)]
             rows = [row[self.ids] if self.ids is not None else row.copy() for row in rows]
         finally:
-            _lib().llama_memory_seq_rm(self._mem, 0, first, -1)
+            _lib().llama_memory_seq_rm(self._mem, self.seq, first, -1)
         return draft(rows[0], lambda token, i: rows[i + 1] if i + 1 < len(rows) else None)
 
     def propose(self, context, k, params, rng, gate=None):
@@ -101,8 +101,8 @@ class DFlashDrafter(LayerReadingDrafter):
         k = min(k, self.block_size - 1, MAX_OUTPUTS - 1)
         if k <= 0 or len(context) < 2:
             return [], np.zeros((0, self.n_vocab))
-        tree = self._stepping(context, lambda first, step: chain_with_siblings(
-            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate), k)
+        tree = self._call(lambda: self._stepping(context, lambda first, step: chain_with_siblings(
+            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate), k), drafting=True)
         return tree.tokens, tree.probs[:len(tree.tokens)]
 
     def propose_tree(self, context, shape, params, rng):
@@ -112,9 +112,9 @@ class DFlashDrafter(LayerReadingDrafter):
 
         if shape.size == 0 or len(context) < 2:
             return DraftTree([], [], np.zeros((1, self.n_vocab)))
-        return self._stepping(context, lambda first, step: grow_tree(
+        return self._call(lambda: self._stepping(context, lambda first, step: grow_tree(
             shape, lambda path: step(path[-1], len(path) - 1) if path else first, params, rng, self.n_vocab,
-            ids=self.ids), tree_depth(shape.parents))
+            ids=self.ids), tree_depth(shape.parents)), drafting=True)
 
     def measure_cost(self, reps: int = 5, k: int = 4) -> float:
         """One block decode drafts the chain: its cost is nearly all the round's start (start_cost)."""

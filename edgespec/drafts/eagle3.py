@@ -42,7 +42,7 @@ def head_ids(path: str | os.PathLike, n_vocab: int) -> np.ndarray | None:
 
 
 class Eagle3Drafter(LayerReadingDrafter):
-    """Drafts chains from an EAGLE-3 GGUF against a LlamaBackend target (one stream)."""
+    """Drafts chains from an EAGLE-3 GGUF against a LlamaBackend target (streams: for_streams)."""
 
     what = "an EAGLE-3 head"
 
@@ -62,11 +62,11 @@ class Eagle3Drafter(LayerReadingDrafter):
         self.attach(ctx, target, lib.llama_model_n_embd(self._model))
         self.read_layers(target)
 
-    def _read_target(self, positions: list[int]) -> None:
+    def _read_target(self, positions: list[int], first: int = 0) -> None:
         """After a target pass: its rows' features, kept by position until the head's encoder reads them (in
         _encode, when the head drafts, or once PENDING have gathered): a pass the head drafts nothing after costs
         a copy of its rows, not an encoder call."""
-        self.pending.update(zip(positions, self.features(len(positions)), strict=True))
+        self.pending.update(zip(positions, self.features(len(positions), first), strict=True))
         if len(self.pending) >= PENDING:
             self._encode()
 
@@ -79,10 +79,13 @@ class Eagle3Drafter(LayerReadingDrafter):
         lib = _lib()
         for start in range(0, len(positions), self.n_batch):
             chunk = features[start:start + self.n_batch]
-            after = lib.llama_memory_seq_pos_max(self._mem, 0) + 1  # the encoder reads no position; llama.cpp
+            after = lib.llama_memory_seq_pos_max(self._mem, self.seq) + 1  # the encoder reads no position; llama.cpp
             for j, row in enumerate(chunk):  # checks them against the head's cache all the same
                 self.batch.add(None, row, after + j, True)
             self.batch.process(ENCODE)
             self.g[positions[start:start + len(chunk)]] = nextn_rows(self._ctx, len(chunk), self.width)
 
     _flush = _encode
+
+    def _fresh(self) -> None:
+        self.pending = {}

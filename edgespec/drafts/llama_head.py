@@ -16,10 +16,19 @@ verified in the same pass (llama-server verifies chains).
 
 The decoder's cache holds entries for the committed text; a proposal's steps are removed after it. Where a
 position's target rows were never computed here (a prompt restored from a saved state), its g row is zeros: drafts
-there are worse, never wrong. One stream: the target feeds one drafter (LlamaBackend.on_pass).
+there are worse, never wrong.
+
+One stream: the target feeds one drafter (LlamaBackend.on_pass). Streams (parallel.Parallel: a SharedContext
+target) share one decoder context with a sequence a stream, as llama-server's slots share one draft context
+(`for_streams`): each stream's drafter writes its own sequence, g rows and entries; the shared context hands each
+the rows of its stream from every joined pass (SharedContext.feed), and the drafters' calls into llama.cpp run on
+the decode thread that runs the target's passes, one at a time (SharedContext.head_call). A stream's draft steps
+are decodes of their own, not joined with the other streams' (llama-server drafts all slots in one decode).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -42,6 +51,9 @@ class LlamaHeadDrafter(Drafter):
     trees = True  # a chain and sibling leaves (propose_tree)
     ids: np.ndarray | None = None
     all_outputs = True  # every entry of a call an output (_entries); False: the last, states read unmasked
+    seq = 0  # the decoder context's sequence this drafter writes (a stream's: for_streams)
+    shared = None  # streams: the target's SharedContext, which feeds this drafter and runs its calls (head_call)
+    siblings: tuple = ()  # streams: the other streams' drafters on this one's context, which it frees
 
     @staticmethod
     def check_target(target, what: str) -> None:
@@ -56,18 +68,21 @@ class LlamaHeadDrafter(Drafter):
     @staticmethod
     def decoder_params(target, n_threads: int | None):
         """llama.cpp context parameters of a decoder beside `target` (a LlamaBackend): room for entries of the text
-        and a proposal drafted past its end, one sequence, the target's context as its other (whose embeddings,
-        output layer or memory the decoder's graph may take), batches of HEAD_BATCH rows.
+        and a proposal drafted past its end, a sequence for each of the target's streams (a pool of cells each), the
+        target's context as its other (whose embeddings, output layer or memory the decoder's graph may take),
+        batches of HEAD_BATCH rows.
 
         llama.cpp sizes a context's logits buffer for n_outputs_max rows of the whole vocabulary, and for a model
         with an encoder (EAGLE-3, DFlash) that is n_batch rows whatever is asked: at the target's 512 a 248k-token
         vocabulary would hold 0.5 GB for a head that outputs one row a step. A round writes a few entries; a
         prompt's, HEAD_BATCH at a time."""
         cparams = _lib().llama_context_default_params()
-        cparams.n_ctx = target.n_ctx + MAX_OUTPUTS
-        cparams.n_batch = cparams.n_ubatch = min(HEAD_BATCH, cparams.n_ctx)
+        streams = target.streams
+        cparams.n_ctx = (target.n_ctx // streams + MAX_OUTPUTS) * streams
+        cparams.n_batch = cparams.n_ubatch = min(HEAD_BATCH, cparams.n_ctx // streams)
         cparams.n_outputs_max = MAX_OUTPUTS
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = streams
+        cparams.kv_unified = False
         cparams.n_threads = cparams.n_threads_batch = n_threads or target.n_threads
         cparams.no_perf = True
         cparams.ctx_other = target._ctx
@@ -81,32 +96,73 @@ class LlamaHeadDrafter(Drafter):
         self.n_batch = _lib().llama_n_batch(ctx)
         # each entry's pre-norm state (and EAGLE-3's encoder rows): of the output rows, or of every row (_entries)
         ext("set_embeddings_nextn")(ctx, True, self.all_outputs)
-        self.g = np.zeros((target.n_ctx + MAX_OUTPUTS, width), dtype=np.float32)  # g[P], pages as touched
+        self.g = self._rows()
         self.batch = ExtBatch(ctx)
         target.on_pass = self._read_target
         self.reset()
 
-    def _read_target(self, positions: list[int]) -> None:
-        """After each target pass (LlamaBackend.on_pass): its rows at `positions`, in batch order."""
+    def _rows(self) -> np.ndarray:
+        """Rows g[P] for the positions of one of the target's streams (pages as touched)."""
+        return np.zeros((self.target.n_ctx // self.target.streams + MAX_OUTPUTS, self.width), dtype=np.float32)
+
+    def for_streams(self, shared) -> list[LlamaHeadDrafter]:
+        """A drafter for each stream of `shared` (the SharedContext of the target this one was made beside): this
+        one for sequence 0, copies on the same decoder context for the others (their own sequence, g rows, batch
+        and entries; _fresh for what a subclass keeps per stream). Each is fed its stream's rows by `shared`, not
+        by the target's on_pass; this one frees the context, its copies' batches first."""
+        self.target.on_pass = None
+        drafters = [self]
+        for seq in range(1, self.target.streams):
+            other = copy.copy(self)
+            other.seq, other.g, other.batch, other.siblings = seq, self._rows(), ExtBatch(self._ctx, seq), ()
+            other._fresh()
+            drafters.append(other)
+        for drafter in drafters:
+            drafter.shared = shared
+            shared.feed[drafter.seq] = drafter._read_target
+            drafter.reset()
+        self.siblings = tuple(drafters[1:])
+        return drafters
+
+    def _feeding(self) -> bool:
+        """Whether the target's passes still feed this drafter's context (a stream's drafters: that of stream 0
+        answers for the context), so that closing it may turn off what the target keeps for it."""
+        return self.target.on_pass == self._read_target or self.shared is not None and self.seq == 0
+
+    def _fresh(self) -> None:
+        """A copy for another stream (for_streams) drops what the subclass keeps of its original's stream."""
+
+    def _call(self, fn, drafting: bool = False):
+        """fn(), where a stream's drafter runs it: on the decode thread, marked drafting (its steps the others'
+        verify waits for) where it drafts."""
+        return fn() if self.shared is None else self.shared.head_call(self.seq, fn, drafting)
+
+    def _read_target(self, positions: list[int], first: int = 0) -> None:
+        """After each target pass (LlamaBackend.on_pass; a stream's, SharedContext.feed): its rows at `positions`,
+        in batch order from batch index `first`."""
         raise NotImplementedError
 
     def _flush(self) -> None:
         """Rows of g the subclass still owes (EAGLE-3's encoder), written before an entry reads them."""
 
     def release(self) -> None:
-        """Detach from the target and free the decoder's context and batch (a subclass frees what it loaded)."""
+        """Detach from the target and free the decoder's context and batch (a subclass frees what it loaded). A
+        stream's copy (for_streams) frees its batch only: the drafter of stream 0 frees the rest."""
         if getattr(self, "target", None) is not None and self.target.on_pass == self._read_target:
             self.target.on_pass = None
-        if getattr(self, "batch", None) is not None:
-            self.batch.close()
-            self.batch = None
-        if getattr(self, "_ctx", None):
+        if self.shared is not None:
+            self.shared.feed.pop(self.seq, None)
+        for drafter in (*self.siblings, self):
+            if getattr(drafter, "batch", None) is not None:
+                drafter.batch.close()
+                drafter.batch = None
+        if self.seq == 0 and getattr(self, "_ctx", None):
             _lib().llama_free(self._ctx)
-            self._ctx = None
+        self._ctx = None
 
     def reset(self) -> None:
         """Another text: the decoder's entries go; g rows stay, each rewritten when the target passes over it."""
-        _lib().llama_memory_seq_rm(self._mem, 0, 0, -1)
+        self._call(lambda: _lib().llama_memory_seq_rm(self._mem, self.seq, 0, -1))
         self.context: list[int] = []  # the committed tokens the decoder has entries for (all but the last)
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # pre-norm state and logits of the newest entry
 
@@ -138,13 +194,13 @@ class LlamaHeadDrafter(Drafter):
         last = len(context) - 1
         if done < last:
             self._flush()
-            _lib().llama_memory_seq_rm(self._mem, 0, done, -1)
+            _lib().llama_memory_seq_rm(self._mem, self.seq, done, -1)
             self.last = self._entries(context[done + 1:last + 1], self.g[done:last], done)
         self.context = list(context)
 
     def catch_up(self, context: list[int]) -> None:
         if len(context) > 2:
-            self._commit(context[:-1])
+            self._call(lambda: self._commit(context[:-1]))
 
     def _stepping(self, context, draft):
         """draft(first, step) with the decoder caught up on `context`: first, its logits for the first draft;
@@ -160,14 +216,14 @@ class LlamaHeadDrafter(Drafter):
         try:
             return draft(self.last[1], step)
         finally:
-            _lib().llama_memory_seq_rm(self._mem, 0, len(context) - 1, -1)
+            _lib().llama_memory_seq_rm(self._mem, self.seq, len(context) - 1, -1)
 
     def propose(self, context, k, params, rng, gate=None):
         """A chain of up to k tokens and their laws (drafts.chain_with_siblings one wide)."""
         if k == 0 or len(context) < 2:
             return [], np.zeros((0, self.n_vocab))
-        tree = self._stepping(context, lambda first, step: chain_with_siblings(
-            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate))
+        tree = self._call(lambda: self._stepping(context, lambda first, step: chain_with_siblings(
+            first, step, k, 1, params, rng, self.n_vocab, ids=self.ids, gate=gate)), drafting=True)
         return tree.tokens, tree.probs[:len(tree.tokens)]
 
     def propose_tree(self, context, shape, params, rng):
@@ -175,9 +231,9 @@ class LlamaHeadDrafter(Drafter):
         for a chain; the other guesses are leaves (branching False), so only the verify pass grows."""
         if shape.size == 0 or len(context) < 2:
             return DraftTree([], [], np.zeros((1, self.n_vocab)))
-        return self._stepping(context, lambda first, step: grow_tree(
+        return self._call(lambda: self._stepping(context, lambda first, step: grow_tree(
             shape, lambda path: step(path[-1], len(path) - 1) if path else first, params, rng, self.n_vocab,
-            ids=self.ids))
+            ids=self.ids)), drafting=True)
 
     start_cost = 0.0  # seconds a round spends besides its steps (measure_cost), the controller's draft_start prior
 
@@ -214,18 +270,20 @@ class LayerReadingDrafter(LlamaHeadDrafter):
         if target.n_layer in self.layers:  # the id n_layer: the target's final pre-norm state
             ext("set_embeddings_nextn")(target._ctx, True, False)
 
-    def features(self, n: int) -> np.ndarray:
-        """The target's features of the n rows of its last pass: [n, len(layers) x E], layers in file order."""
-        rows = self.inputs.read(n)  # [len(inputs), n, E]
+    def features(self, n: int, first: int = 0) -> np.ndarray:
+        """The target's features of n rows of its last pass from batch index `first` on: [n, len(layers) x E],
+        layers in file order."""
+        rows = self.inputs.read(n, first)  # [len(inputs), n, E]
         if len(self.inputs.layers) < len(self.layers):
-            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd)[None]])
+            rows = np.concatenate([rows, nextn_rows(self.target._ctx, n, self.target.n_embd, first or None)[None]])
         return rows.transpose(1, 0, 2).reshape(n, -1)
 
     def close(self) -> None:
-        if getattr(self, "inputs", None) is not None and self.target.on_pass == self._read_target:
+        if getattr(self, "inputs", None) is not None and self._feeding():
             self.inputs.close()
         self.release()
-        self._free_model()
+        if self.seq == 0:
+            self._free_model()
 
     def _free_model(self) -> None:
         if getattr(self, "_model", None):

@@ -24,7 +24,7 @@ CONTEXT_TYPE_MTP = 1  # llama.h's enum llama_context_type
 
 
 class MtpDrafter(LlamaHeadDrafter):
-    """Drafts chains from the MTP layer of a LlamaBackend target opened with load_mtp (one stream)."""
+    """Drafts chains from the MTP layer of a LlamaBackend target opened with load_mtp (streams: for_streams)."""
 
     all_outputs = False  # its graph selects the output rows: the committed entries need no logits but the last's
 
@@ -45,11 +45,11 @@ class MtpDrafter(LlamaHeadDrafter):
         self.attach(ctx, target, target.n_embd)
         ext("set_embeddings_nextn")(target._ctx, True, False)  # h of every row of every pass
 
-    def _read_target(self, positions: list[int]) -> None:
+    def _read_target(self, positions: list[int], first: int = 0) -> None:
         """After a target pass: its last state at each row's position, g[P] = h[P]."""
-        self.g[positions] = nextn_rows(self.target._ctx, len(positions), self.width)
+        self.g[positions] = nextn_rows(self.target._ctx, len(positions), self.width, first or None)
 
     def close(self) -> None:
-        if getattr(self, "target", None) is not None and self.target.on_pass == self._read_target:
+        if getattr(self, "target", None) is not None and self._feeding():
             ext("set_embeddings_nextn")(self.target._ctx, False, False)
         self.release()

@@ -129,18 +129,8 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
 
         drafter = MedusaDrafter(spec.source, target)
         return drafter, None, drafter.measure_cost()
-    if spec.kind == "mtp":  # the target was opened with its MTP layers (api.open_engine)
-        from edgespec.drafts.mtp import MtpDrafter
-
-        drafter = MtpDrafter(target, n_threads=threads)
-        return drafter, None, drafter.measure_cost()
-    kind = spec.in_llama  # an EAGLE-3 head or DFlash draft (pair.resolve_pair checked it fits)
-    if kind is not None:
-        if kind == "eagle3":
-            from edgespec.drafts.eagle3 import Eagle3Drafter as Head
-        else:
-            from edgespec.drafts.dflash import DFlashDrafter as Head
-        drafter = Head(spec.source, target, n_threads=threads)
+    if spec.kind == "mtp" or spec.in_llama:
+        drafter = llama_head(spec, target, threads=threads)
         return drafter, None, drafter.measure_cost()
     # a draft model reads a window of recent tokens, and needs room for what it drafts
     draft_ctx = min(target.n_ctx, window or DRAFT_WINDOWS[0]) + MAX_DRAFT
@@ -155,6 +145,21 @@ def open_drafter(draft: str | os.PathLike | DraftSpec | None, target, *, window:
     except BaseException:
         backend.close()
         raise
+
+
+def llama_head(spec: DraftSpec, target, *, threads: int | None = None):
+    """The drafter of a draft that decodes inside llama.cpp beside a LlamaBackend target (an MTP layer, the target
+    opened with them; an EAGLE-3 head or a DFlash draft, which pair.resolve_pair checked fit it), its costs not
+    measured yet (measure_cost: for streams, once its calls run where the streams' do, for_streams)."""
+    if spec.kind == "mtp":
+        from edgespec.drafts.mtp import MtpDrafter
+
+        return MtpDrafter(target, n_threads=threads)
+    if spec.in_llama == "eagle3":
+        from edgespec.drafts.eagle3 import Eagle3Drafter as Head
+    else:
+        from edgespec.drafts.dflash import DFlashDrafter as Head
+    return Head(spec.source, target, n_threads=threads)
 
 
 def model_drafter(backend, target_vocab, *, quiet: bool = False):

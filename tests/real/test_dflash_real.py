@@ -10,6 +10,7 @@ drafted: block row 1 after the prompt's last token."""
 
 import numpy as np
 import pytest
+from conftest import streams_draft_as_one
 from stats_util import ALPHA, drafted_first_token_p, first_logits, softmax, target_instead_of_residual
 
 import edgespec
@@ -64,6 +65,12 @@ def test_greedy_text_is_target_only_text(default_gguf, block):
         a = trees.generate(prompt, max_tokens=24, temperature=0, draft_max=3)
         assert a.tokens == plain.generate(prompt, max_tokens=24, temperature=0, draft_max=0).tokens
         assert a.stats.tree_nodes > a.stats.drafted > 0
+
+
+def test_streams_draft_from_one_block_context_as_one_stream_does(reference_pair, block):
+    """Two streams beside the f32 target, the block draft's context a sequence a stream: greedy answers and kept
+    drafts are one stream's."""
+    streams_draft_as_one(reference_pair[0], str(block), ["Write a haiku about rain.", LAW_PROMPT])
 
 
 @pytest.mark.parametrize("temperature, broken", [(0.7, False), (1.0, False), (1.0, True)])  # one twin: one rule

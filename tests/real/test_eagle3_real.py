@@ -10,13 +10,15 @@ token after a prompt too (its prefill pass verifies it), so that token is the on
 
 import numpy as np
 import pytest
-from stats_util import ALPHA, drafted_first_token_p, first_logits, softmax, target_instead_of_residual
+from conftest import streams_draft_as_one
+from stats_util import ALPHA, drafted_first_token_p, first_logits, goodness_of_fit, softmax, target_instead_of_residual
 
 import edgespec
 from edgespec.decode import rule as rule_module
 from edgespec.drafts.eagle3 import head_ids
 from edgespec.drafts.llama_kinds import describe, gguf_meta
 from edgespec.export.eagle3 import convert_eagle3, random_eagle3
+from edgespec.parallel import Parallel
 
 LAW_PROMPT = "Once upon a time, in a small"  # the next token is " town" half the time
 LAYERS = [2, 15, 27]
@@ -72,6 +74,29 @@ def test_a_drafted_token_follows_the_target_law_at_t1(default_gguf, head, first_
     engine = edgespec.load(default_gguf, str(head[0]), n_ctx=256)
     p, accepted = drafted_first_token_p(engine, LAW_PROMPT, first_law, 600, 1.0, chat=False)
     assert 600 * 0.1 < accepted < 600 * 0.6  # kept and rejected drafts, both many times
+    assert (p < ALPHA) == broken, p
+
+
+def test_streams_draft_from_one_head_context_as_one_stream_does(reference_pair, head):
+    """Two streams, the head's decoder a sequence each of one llama.cpp context, beside the f32 target: greedy
+    answers, kept drafts and the head's last laws are one stream's (conftest.streams_draft_as_one)."""
+    streams_draft_as_one(reference_pair[0], str(head[0]), ["Write a haiku about rain.", LAW_PROMPT])
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_streams_draft_the_target_law_at_t1(default_gguf, head, first_law, monkeypatch, broken):
+    """600 answers at t = 1 on two streams sharing the head's context, their first token drafted: its law is the
+    target's; without the residual step the test fails at the same alpha (p about 5e-5)."""
+    if broken:
+        monkeypatch.setattr(rule_module, "residual", target_instead_of_residual)
+    runs = 600
+    with Parallel(default_gguf, str(head[0]), streams=2, n_ctx=256) as p:
+        results = p.generate([{"prompt": LAW_PROMPT, "seed": seed} for seed in range(runs)], max_tokens=2,
+                             temperature=1.0, chat=False, draft_max=1)
+    assert all(r.stats.drafted >= 1 for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    assert runs * 0.1 < accepted < runs * 0.6
+    p = goodness_of_fit([r.tokens[0] for r in results], {int(x): float(q) for x, q in enumerate(first_law)})
     assert (p < ALPHA) == broken, p
 
 

@@ -11,6 +11,7 @@ projection passes its token's embedding through, perturbed), so drafts are kept 
 loop drafts the first token after a prompt (its prefill pass verifies it), so that token is the one drafted."""
 
 import pytest
+from conftest import streams_draft_as_one
 from stats_util import (
     ALPHA,
     drafted_first_token_p,
@@ -69,6 +70,12 @@ def test_greedy_text_is_target_only_text(qwen35):
 
 
 # the broken twins at t = 1, one per rule (chains, trees): the same rule runs at t = 0.7
+def test_streams_draft_from_one_mtp_context_as_one_stream_does(qwen35):
+    """Two streams of the recurrent target (each its own recurrent state and snapshots), the MTP layer's context a
+    sequence a stream: greedy answers, kept drafts and the layer's last laws are one stream's."""
+    streams_draft_as_one(qwen35, "mtp", ["Write a haiku about rain.", LAW_PROMPT], chat=False)
+
+
 @pytest.mark.parametrize("temperature, width, broken", [(0.7, 1, False), (1.0, 1, False), (1.0, 1, True),
                                                         (1.0, 3, False), (1.0, 3, True)])
 def test_a_drafted_token_follows_the_target_law(qwen35, law_logits, monkeypatch, broken, temperature, width):

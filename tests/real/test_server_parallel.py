@@ -120,6 +120,30 @@ def test_a_conversation_displaced_from_every_slot_starts_from_its_saved_state(se
     assert httpx.get(f"{server}/health").json()["prompt_cache"]["restored"] > before["restored"]
 
 
+def test_streams_drafting_with_an_eagle3_head_answer_as_target_only(reference_pair, smollm2_checkpoint, tmp_path):
+    """`serve --parallel 2` with an EAGLE-3 GGUF as the draft: both streams draft from one decoder context beside
+    the target (tests/real/test_eagle3_real.py checks its drafts and laws); requests at once are answered as greedy
+    target-only decoding in this process."""
+    import numpy as np
+
+    from edgespec.api import load
+    from edgespec.export.eagle3 import convert_eagle3, random_eagle3
+
+    head = convert_eagle3(random_eagle3(tmp_path / "head", smollm2_checkpoint, draft_ids=np.arange(4096), seed=2),
+                          smollm2_checkpoint, tmp_path / "head.gguf")
+    target = reference_pair[0]
+    with serve("--target", str(target), "--draft", str(head), "--ctx", "512", "--parallel", "2") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda p: ask(client, p), PROMPTS[:3]))
+        assert httpx.get(f"{url}/health").json()["slots"] == 2
+    engine = load(target, "none", n_ctx=512, threads=1)
+    try:
+        assert together == [engine.generate([{"role": "user", "content": p}], max_tokens=N).text for p in PROMPTS[:3]]
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--draft", "eagle"], "heads and prompt lookup in front of a draft run one stream at a time"),
     (["--draft", "ngram", "--tree-width", "2"], "draft trees"),

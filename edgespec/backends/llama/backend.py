@@ -109,6 +109,7 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
         self._logits_address = logits_address()
         self._logits: tuple[int, np.ndarray] | None = None  # llama.cpp's output buffer: (address, a view of it)
         self.sequences, self.outputs = sequences, outputs
+        self.streams = 1  # generations sharing this context, a sequence each (a SharedContext's: its streams)
         if overlap is None:
             from edgespec.backends.llama.lib import gpu_name
 

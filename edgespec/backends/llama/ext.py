@@ -99,13 +99,13 @@ class LayerInputs:
         for layer in self.layers:
             ext("set_embeddings_layer_inp")(backend._ctx, layer, True)
 
-    def read(self, n_tokens: int) -> np.ndarray:
-        """The kept inputs for the n_tokens of the last decode, as a copy: [len(layers), n_tokens, n_embd]
-        float32."""
+    def read(self, n_tokens: int, first: int = 0) -> np.ndarray:
+        """The kept inputs of n_tokens rows of the last decode from batch index `first` on (llama.cpp keeps them in
+        batch order, however it split the batch), as a copy: [len(layers), n_tokens, n_embd] float32."""
         out = np.empty((len(self.layers), n_tokens, self.backend.n_embd), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             rows = ext("get_embeddings_layer_inp")(self.backend._ctx, layer)
-            out[i] = np.ctypeslib.as_array(rows, shape=(n_tokens, self.backend.n_embd))
+            out[i] = np.ctypeslib.as_array(rows, shape=(first + n_tokens, self.backend.n_embd))[first:]
         return out
 
     def close(self) -> None:
@@ -126,11 +126,11 @@ def nextn_rows(ctx, n_rows: int, width: int, first: int | None = None) -> np.nda
 class ExtBatch:
     """llama.h's extended batch for one context: rows of a token and an embedding (an EAGLE-3 head's decoder input),
     of an embedding alone (its encoder input, a DFlash draft's target features) or of a token alone (a DFlash
-    block), each at its own position in sequence 0. The embeddings stay
-    referenced, not copied, until process() has run."""
+    block), each at its own position in one sequence of the context (`seq`). The embeddings stay referenced, not
+    copied, until process() has run."""
 
-    def __init__(self, ctx):
-        self.ctx = ctx
+    def __init__(self, ctx, seq: int = 0):
+        self.ctx, self.seq = ctx, seq
         self.batch = ext("llama_batch_ext_init")(ctx)
         if not self.batch:
             raise EdgespecError("llama.cpp could not make an extended batch")
@@ -144,9 +144,9 @@ class ExtBatch:
             self.rows.append(row)
             embd = Embd(row.ctypes.data_as(_FLOATS), 1, row.shape[1])
         if token is None:
-            index = ext("llama_batch_ext_add_embd")(self.batch, 0, embd)
+            index = ext("llama_batch_ext_add_embd")(self.batch, self.seq, embd)
         else:
-            index = ext("llama_batch_ext_add_token")(self.batch, 0, token)
+            index = ext("llama_batch_ext_add_token")(self.batch, self.seq, token)
             if index >= 0 and embedding is not None and not ext("llama_batch_ext_set_embd_token")(self.batch, index,
                                                                                                     embd):
                 index = -2

@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -142,6 +142,10 @@ class SharedContext:
             self._cond, self._active = drafts_for._cond, drafts_for._active
             self._prefilling, self._drafting = drafts_for._prefilling, drafts_for._drafting
         self._streams = [StreamBackend(self, i) for i in range(backend.sequences)]
+        backend.streams = backend.sequences
+        # sequence -> what reads that stream's rows of each pass (a head's drafter: drafts/llama_head.for_streams):
+        # called on the decode thread right after the decode, with the rows' positions and first batch index
+        self.feed: dict[int, Callable[[list[int], int], None]] = {}
         self.states: PromptCache | None = None  # saved sequence states a stream's prompt may start from
         self.decodes = 0  # joined passes run (for stats and tests)
         self.rows_decoded = 0
@@ -273,6 +277,7 @@ class SharedContext:
         passes = sorted(passes, key=lambda p: p.seq)  # llama.cpp's order where each sequence has a pool of cells
         gaps, filler = ([], 0) if backend.unified else self._gaps(passes)
         items, outputs = [], []  # outputs: per pass, its first output's index among the batch's outputs
+        fed = []  # (what reads a pass's rows, their positions, the first's batch index)
         n_out = 0
         for seq, p in sorted([(p.seq, p) for p in passes] + [(seq, None) for seq in gaps], key=lambda e: e[0]):
             start = len(self._streams[seq].tokens)
@@ -280,12 +285,16 @@ class SharedContext:
                 items.extend((passes[0].tokens[0], start + j, seq, False) for j in range(filler))
                 continue
             first_out = len(p.tokens) - p.n_logits
+            if seq in self.feed:
+                fed.append((self.feed[seq], list(range(start, start + len(p.tokens))), len(items)))
             items.extend((tok, start + j, seq, j >= first_out) for j, tok in enumerate(p.tokens))
             outputs.append(n_out)
             n_out += p.n_logits
         try:
             def decode():
                 backend._decode(items)
+                for read, positions, first in fed:
+                    read(positions, first)
                 return _rows(backend, n_out).copy() if n_out else None  # a prompt's batch before its last has none
 
             rows = DECODER.call(decode)
@@ -318,6 +327,17 @@ class SharedContext:
         if any(len(self._streams[seq].tokens) + length > self._streams[seq].n_ctx for seq in gaps):
             return [], 0
         return gaps, length
+
+    def head_call(self, seq: int, fn, drafting: bool):
+        """fn() on the decode thread, for stream `seq`'s head drafter (drafts/llama_head.LlamaHeadDrafter._call):
+        one call at a time into a decoder context the streams share, on the thread whose OpenMP team runs the
+        target's passes. drafting: the call drafts, so the others' verify waits for this stream's (up to
+        DRAFTING_WAIT_S) as it waits for a draft model's steps."""
+        if drafting:
+            with self._cond:
+                if seq in self._active:  # not a measurement before any generation
+                    self._drafting.add(seq)
+        return DECODER.call(fn)
 
     def _rollback(self, stream: StreamBackend, n_past: int) -> None:
         with self._cond:
