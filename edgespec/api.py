@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.backends.open import open_model
-from edgespec.backends.protocol import Backend
+from edgespec.backends.protocol import MAX_OUTPUTS, Backend
 from edgespec.decode.calibrate import controller_for, measure_pass_costs
 from edgespec.decode.cost import DraftController
 from edgespec.decode.loop import Event, Stats, speculate
@@ -329,6 +329,7 @@ def open_engine(run: Run) -> Engine:
     draft = run.pair.draft
     target_backend = open_model(run.pair.target, n_ctx=run.n_ctx, threads=run.threads, provider=run.provider,
                                 hidden=run.hidden, spin=run.spin, load_mtp=draft.inner.kind == "mtp",
+                                sequences=MAX_OUTPUTS if run.tree_width > 1 else None,  # a branch a sequence
                                 **run.target_settings.as_kwargs())
     try:
         drafter, draft_backend, draft_cost = open_drafter(draft, target_backend, window=run.draft_window,

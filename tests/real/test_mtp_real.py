@@ -22,6 +22,7 @@ from stats_util import (
 )
 
 import edgespec
+from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.decode import rule as rule_module
 from edgespec.errors import EdgespecError
 from edgespec.models.random_mtp import write_random_qwen35_mtp
@@ -51,8 +52,11 @@ def test_mtp_resolves_for_a_qwen35_target_and_says_why_not_for_one_without(qwen3
 
 
 def test_greedy_text_is_target_only_text(qwen35):
+    """Chains on a target of one sequence (its recurrent states and their snapshots are per sequence: a chain
+    needs one), trees on one of a sequence a branch; both answer as target-only."""
     spec = edgespec.load(qwen35, "mtp", n_ctx=512)
     plain = edgespec.load(qwen35, None, n_ctx=512)
+    assert spec.target.recurrent and spec.target.sequences == plain.target.sequences == 1
     drafted = accepted = 0
     for prompt in ("Write a haiku about rain.", "List three prime numbers.", LAW_PROMPT):
         a = spec.generate(prompt, max_tokens=32, temperature=0, draft_max=3, chat=False)
@@ -63,6 +67,7 @@ def test_greedy_text_is_target_only_text(qwen35):
     assert drafted >= 3 * 20 and accepted > 0  # rounds drafted, drafts kept and rolled back
     assert accepted < drafted
     trees = edgespec.load(qwen35, "mtp", n_ctx=512, tree_width=3)  # the chain and two siblings per depth
+    assert trees.target.sequences == MAX_OUTPUTS
     for prompt in ("Write a haiku about rain.", LAW_PROMPT):
         a = trees.generate(prompt, max_tokens=32, temperature=0, draft_max=3, chat=False)
         assert a.tokens == plain.generate(prompt, max_tokens=32, temperature=0, draft_max=0, chat=False).tokens

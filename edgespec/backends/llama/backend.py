@@ -34,10 +34,14 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_gpu_layers: int = 0, kv_type: str = "f16", n_ubatch: int = 512, hidden: bool = False,
-                 sequences: int = MAX_OUTPUTS, overlap: bool | None = None, outputs: int = MAX_OUTPUTS,
+                 sequences: int | None = None, overlap: bool | None = None, outputs: int = MAX_OUTPUTS,
                  unified: bool | None = None, load_mtp: bool = False):
         """sequences: how many sequences the cache holds (draft trees need a branch each, answer_many a stream
-        each); 1 makes the context llama-bench's and llama-server's for one conversation. overlap: whether
+        each); 1 makes the context llama-bench's and llama-server's for one conversation. Default: MAX_OUTPUTS
+        (trees' branches cost an attention cache nothing, its cells shared), but 1 for a model with recurrent
+        layers, which keep a state and its snapshots per sequence (below): MAX_OUTPUTS sequences would hold 16x
+        the states a chain needs (1 + n_rs_seq rows a sequence of each recurrent layer's state; a gated delta net
+        4096 wide with 128-dim states holds 2 MiB a row a layer). overlap: whether
         prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
         queued; on the CPU it returns when the pass is done, so starting it early gains nothing). outputs: the most
         rows of logits one decode returns (backends/llama/streams.py joins a pass per stream). unified: whether the
@@ -51,7 +55,7 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
         A model with recurrent layers (Qwen3.5's gated delta nets) keeps MAX_OUTPUTS snapshots of their state per
         sequence (llama.cpp's n_rs_seq), so that a verify pass can be rolled back as an attention cache is."""
         path = check_gguf_file(path)
-        if not 1 <= sequences <= MAX_OUTPUTS:
+        if sequences is not None and not 1 <= sequences <= MAX_OUTPUTS:
             raise ValueError(f"sequences must be in 1..{MAX_OUTPUTS}, got {sequences}")
         if kv_type not in KV_TYPES:
             raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_TYPES)}")
@@ -66,6 +70,8 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
             raise EdgespecError(f"llama.cpp could not load {path}: the GGUF is corrupt, truncated or "
                                 "of an architecture this llama.cpp build does not know")
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model))
+        if sequences is None:
+            sequences = 1 if self.recurrent else MAX_OUTPUTS
         n_threads = n_threads or min(os.cpu_count() or 1, 8)
         cparams = lib.llama_context_default_params()
         n_ctx_train = lib.llama_model_n_ctx_train(self._model)
