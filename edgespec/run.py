@@ -76,10 +76,11 @@ class Run:
 def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.PathLike | None = AUTO_DRAFT, *,
              device: str | None = None, budget: str | int | None = None, n_ctx: int | None = None,
              kv_type: str | None = None, k_max: int = K_MAX, profiles: str | os.PathLike | None = None,
-             measure_bandwidth: bool = True):
+             measure_bandwidth: bool = True, sequences: int = 1):
     """The memory plan for a target and a draft (or a Pair resolved already) on a device profile (default: this
     machine) and/or within a budget (bytes, or text such as "6GiB"), from the files' headers: nothing is loaded.
-    See plan.planner."""
+    sequences: those the contexts hold (streams, or MAX_OUTPUTS for draft trees' branches), which a model with
+    recurrent layers keeps a state for each. See plan.planner."""
     from edgespec.plan.planner import make_plan
     from edgespec.plan.profiles import get_profile
     from edgespec.units import parse_size
@@ -107,7 +108,7 @@ def plan_for(target: str | os.PathLike | Pair | None = None, draft: str | os.Pat
     budget = parse_size(budget) if isinstance(budget, str) else budget
     profile = get_profile(device or "auto", profiles, measure=measure_bandwidth)
     return make_plan(target_info, draft_info, profile, budget=budget, n_ctx=n_ctx,
-                     kv_type=kv_type, drafter=spec.family, k_max=k_max, heads_bytes=heads_bytes)
+                     kv_type=kv_type, drafter=spec.family, k_max=k_max, heads_bytes=heads_bytes, sequences=sequences)
 
 
 def one_stream_reason(target: str, spec: DraftSpec) -> str | None:
@@ -162,7 +163,8 @@ def auto_streams(target: str | os.PathLike | Pair | None = None, draft: str | os
 
     def plan(streams: int):
         return plan_for(pair, device=device, budget=budget, n_ctx=cells * streams,
-                        kv_type=kv_type or (None if planned else "f16"), profiles=profiles, measure_bandwidth=False)
+                        kv_type=kv_type or (None if planned else "f16"), profiles=profiles, measure_bandwidth=False,
+                        sequences=streams)
 
     one = plan(1)
     for streams in range(most, 1, -1):
@@ -248,7 +250,8 @@ def resolve_run(target: str | os.PathLike | Pair | Run | None = None,
     window = DRAFT_WINDOWS[0]
     if device is not None or budget is not None:  # several streams' cells planned as one context of their sum
         plan = plan_for(pair, device=device, budget=budget, n_ctx=cells * streams if cells else None,
-                        kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False)
+                        kv_type=kv_type, k_max=k_max, profiles=profiles, measure_bandwidth=False,
+                        sequences=MAX_OUTPUTS if tree_width > 1 else streams)  # as the backends open
         if not plan.fits:
             raise EdgespecError(refusal(plan) if streams == 1 else
                                 f"{streams} streams of {n_ctx} tokens: {refusal(plan)}")

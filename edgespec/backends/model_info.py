@@ -49,6 +49,11 @@ class ModelInfo:
     tensors: tuple[Tensor, ...] = field(repr=False)
     kv_dtype_bytes: float = 2.0  # ONNX: the past key/values' element size; GGUF: chosen at load (f16 default)
     draft_vocab: int = 0  # GGUF: the tokens a subset draft drafts from (backends/llama/subset.py); 0: all
+    # GGUF models with recurrent layers (Mamba-style SSMs, Qwen3.5's gated delta nets): those layers keep a state
+    # for each sequence instead of an attention cache (_recurrent_layers)
+    recurrent_layers: int = 0
+    state_floats: int = 0  # floats of one recurrent layer's state for a sequence (llama.cpp's n_embd_r + n_embd_s)
+    attention_layers: int | None = None  # the layers with an attention cache (None: every one)
 
     @property
     def name(self) -> str:
@@ -203,7 +208,31 @@ def read_gguf_info(path: Path) -> ModelInfo:
                      n_ff=get("feed_forward_length", 0), n_head=n_head,
                      n_head_kv=get("attention.head_count_kv", n_head),
                      head_dim=get("attention.key_length", n_embd // n_head), n_vocab=n_vocab,
-                     n_ctx_train=get("context_length", 0), tensors=tuple(tensors), draft_vocab=meta.get(SUBSET_KEY, 0))
+                     n_ctx_train=get("context_length", 0), tensors=tuple(tensors), draft_vocab=meta.get(SUBSET_KEY, 0),
+                     **_recurrent_layers(meta, arch))
+
+
+def _recurrent_layers(meta: dict, arch: str) -> dict:
+    """A GGUF's recurrent layers as llama.cpp reads them (src/models/qwen35.cpp and the Mamba-style others): where
+    the header has an SSM inner size, each such layer's state is (conv_kernel - 1) x (inner + 2 x groups x state)
+    floats of convolution and state x inner of SSM (llama_hparams::n_embd_r, n_embd_s); which layers are recurrent
+    comes from `attention.recurrent_layers` or `full_attention_interval` (every interval-th trunk layer attends,
+    the MTP layers are not counted), the others alone keeping an attention cache. Where neither says, every
+    trunk layer is counted recurrent and every layer attending: more than llama.cpp holds, never less."""
+    inner = meta.get(f"{arch}.ssm.inner_size")
+    if not inner:
+        return {}
+    state, conv = meta.get(f"{arch}.ssm.state_size", 0), meta.get(f"{arch}.ssm.conv_kernel", 0)
+    floats = max(conv - 1, 0) * (inner + 2 * meta.get(f"{arch}.ssm.group_count", 0) * state) + state * inner
+    trunk = meta[f"{arch}.block_count"] - int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    flags, interval = meta.get(f"{arch}.attention.recurrent_layers"), meta.get(f"{arch}.full_attention_interval")
+    if isinstance(flags, list):
+        recurrent = sum(bool(f) for f in flags[:trunk])
+    elif interval:
+        recurrent = sum((i + 1) % interval != 0 for i in range(trunk))
+    else:
+        return {"recurrent_layers": trunk, "state_floats": floats}
+    return {"recurrent_layers": recurrent, "state_floats": floats, "attention_layers": trunk - recurrent}
 
 
 def _other_parts_tensors(path: Path, parts: int) -> list[Tensor]:

@@ -65,6 +65,7 @@ class ModelNeed:
     outputs: int
     vocab: int
     gpu_bytes: int  # the part of the total that lives in a discrete GPU's VRAM
+    states: int = 0  # the part of kv_cache that is recurrent layers' states and their snapshots (state_bytes)
 
     @property
     def total(self) -> int:
@@ -117,11 +118,19 @@ class Plan:
 
 
 def kv_bytes(info: ModelInfo, n_ctx: int, kv_type: str, runtime: str) -> int:
-    values = info.n_layer * 2 * info.n_head_kv * info.head_dim * n_ctx
+    layers = info.n_layer if info.attention_layers is None else info.attention_layers
+    values = layers * 2 * info.n_head_kv * info.head_dim * n_ctx
     if runtime == "onnxruntime":  # the past's dtype is fixed by the export
         return int(values * info.kv_dtype_bytes)
     block, size = KV_BLOCKS[kv_type]
     return values // block * size
+
+
+def state_bytes(info: ModelInfo, sequences: int) -> int:
+    """llama.cpp's recurrent states (ModelInfo.recurrent_layers): each recurrent layer keeps float32 rows of its
+    state, 1 + n_rs_seq a sequence (n_rs_seq = MAX_OUTPUTS snapshots, that a verify pass can be rolled back:
+    backends/llama/backend.py)."""
+    return info.recurrent_layers * info.state_floats * 4 * sequences * (1 + MAX_OUTPUTS)
 
 
 def llama_head_bytes(kind: str, path, target_info, n_ctx: int) -> int:
@@ -169,7 +178,9 @@ def llama_ctx(n_ctx: int, info: ModelInfo) -> int:
 
 
 def model_need(role: str, info: ModelInfo, n_ctx: int, kv_type: str, n_ubatch: int, gpu: str | None,
-               n_gpu_layers: int, discrete: bool) -> ModelNeed:
+               n_gpu_layers: int, discrete: bool, sequences: int = 1) -> ModelNeed:
+    """What one model needs at these settings; sequences: those its llama.cpp context holds (recurrent states
+    are kept a sequence each: state_bytes, counted with the KV cache)."""
     runtime = runtime_of(info)
     if runtime == "onnxruntime":
         weights = int(info.weight_bytes * ONNX_WEIGHT_FACTOR)
@@ -187,7 +198,8 @@ def model_need(role: str, info: ModelInfo, n_ctx: int, kv_type: str, n_ubatch: i
     repackable = sum(t.n_bytes for t in info.tensors if t.type in REPACKED_TYPES and t.name != "token_embd.weight")
     # mmap'd Q4_0 pages are read to repack them and stay resident beside the repacked copy
     repacked = int(repackable * cpu_share)
-    kv = kv_bytes(info, n_ctx, kv_type, runtime)
+    states = state_bytes(info, sequences)
+    kv = kv_bytes(info, n_ctx, kv_type, runtime) + states
     n_ubatch = min(n_ubatch, n_ctx)  # as llama.cpp caps it
     compute = compute_bytes(info, n_ctx, n_ubatch)
     outputs = MAX_OUTPUTS * info.n_vocab * 4
@@ -198,7 +210,7 @@ def model_need(role: str, info: ModelInfo, n_ctx: int, kv_type: str, n_ubatch: i
             gpu_bytes += info.weight_bytes - info.layer_bytes() * info.n_layer
     return ModelNeed(role, info, runtime, n_ctx, kv_type, n_ubatch, n_gpu_layers if gpu else 0,
                      info.weight_bytes, repacked, kv, compute, outputs, VOCAB_BYTES_PER_TOKEN * info.n_vocab,
-                     gpu_bytes)
+                     gpu_bytes, states)
 
 
 def runtime_bytes(models: list[ModelInfo], gpu_context: int, k_max: int, n_vocab: int) -> int:
@@ -209,7 +221,7 @@ def runtime_bytes(models: list[ModelInfo], gpu_context: int, k_max: int, n_vocab
 
 def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, budget: int | None = None,
               n_ctx: int | None = None, kv_type: str | None = None, drafter: str = "model",
-              k_max: int = 8, heads_bytes: int | None = None) -> Plan:
+              k_max: int = 8, heads_bytes: int | None = None, sequences: int = 1) -> Plan:
     """The best settings that fit `profile` (and `budget`, if given), or the plan closest to fitting,
     with suggestions, when nothing does (plan.fits is then False).
 
@@ -217,6 +229,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     (None: f16, then q8_0, then q4_0). drafter: "model" (draft is its file), "heads" (heads_bytes: what the
     heads hold, drafts.heads.medusa_bytes or drafts.eagle.eagle_bytes; None: a float32 copy of the target's
     output layer, what Medusa heads without a token subset keep), "lookup", "none" (DraftSpec.family).
+    sequences: the sequences each model's context holds (streams, or a branch each for draft trees), which a model
+    with recurrent layers keeps a state for each (state_bytes).
     """
     if kv_type is not None and kv_type not in KV_BLOCKS:
         raise EdgespecError(f"unknown KV cache type '{kv_type}': choose one of {', '.join(KV_BLOCKS)}")
@@ -234,7 +248,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
             for ub in UBATCHES:
                 for window in windows:
                     plan = _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max,
-                                  heads_bytes)
+                                  heads_bytes, sequences)
                     first = first or plan
                     if plan.fits and _all_on_gpu(plan):
                         return replace(plan, changes=_changes(first, plan))
@@ -244,8 +258,9 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, profile: Profile, *, b
     if best is not None:  # a discrete GPU that holds only part of the layers
         return replace(best, changes=_changes(first, best))
     smallest = _place(target, draft, profile, capacity, note, contexts[-1], kvs[-1], UBATCHES[-1], windows[-1],
-                      drafter, k_max, heads_bytes)
-    suggestions = _suggest(target, draft, profile, capacity, contexts[-1], kvs[-1], drafter, k_max, heads_bytes)
+                      drafter, k_max, heads_bytes, sequences)
+    suggestions = _suggest(target, draft, profile, capacity, contexts[-1], kvs[-1], drafter, k_max, heads_bytes,
+                           sequences)
     return replace(smallest, suggestions=tuple(suggestions))
 
 
@@ -256,7 +271,8 @@ def _halvings(ctx: int) -> list[int]:
     return out
 
 
-def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max, heads_bytes) -> Plan:
+def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter, k_max, heads_bytes,
+           sequences) -> Plan:
     """Needs at these settings; on a discrete GPU, the draft first, then as many target layers as fit VRAM."""
     gpu, discrete = profile.gpu, not profile.unified and profile.gpu is not None
     gpu_context = GPU_CONTEXT_BYTES.get(gpu, 0) if gpu and not discrete else 0  # discrete: counted in VRAM
@@ -267,9 +283,9 @@ def _place(target, draft, profile, capacity, note, ctx, kv, ub, window, drafter,
     draft_ctx = min(ctx, window) + MAX_DRAFT if window else 0
 
     def needs(n_target_gpu: int, n_draft_gpu: int) -> list[ModelNeed]:
-        out = [model_need("target", target, ctx, kv, ub, gpu, n_target_gpu, discrete)]
+        out = [model_need("target", target, ctx, kv, ub, gpu, n_target_gpu, discrete, sequences)]
         if draft is not None:
-            out.append(model_need("draft", draft, draft_ctx, kv, ub, gpu, n_draft_gpu, discrete))
+            out.append(model_need("draft", draft, draft_ctx, kv, ub, gpu, n_draft_gpu, discrete, sequences))
         return out
 
     def plan(models):
@@ -311,13 +327,14 @@ def _changes(first: Plan, plan: Plan) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max, heads_bytes) -> list[str]:
+def _suggest(target, draft, profile, capacity, ctx, kv, drafter, k_max, heads_bytes, sequences) -> list[str]:
     """Changes that would fit, cheapest first: a smaller context, a smaller quantization, no draft model.
     The last two are tried at `ctx`, the smallest context the user's options allow."""
     out = []
 
     def fits(t, d, ctx, window, kind):
-        return _place(t, d, profile, capacity, "", ctx, kv, UBATCHES[-1], window, kind, k_max, heads_bytes).fits
+        return _place(t, d, profile, capacity, "", ctx, kv, UBATCHES[-1], window, kind, k_max, heads_bytes,
+                      sequences).fits
 
     window = DRAFT_WINDOWS[-1] if draft is not None else None
     smaller_ctx = next((c for c in range(ctx - CTX_STEP, 0, -CTX_STEP) if fits(target, draft, c, window, drafter)),

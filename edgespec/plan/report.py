@@ -31,8 +31,10 @@ def predict(plan: Plan, acceptance: float, k_max: int = 8) -> dict:
 
 
 def _step_seconds(plan: Plan, m: ModelNeed) -> float:
-    """Bytes one decode step reads (weights, half the KV cache on average) over the bandwidth of where they live."""
-    read = m.info.bytes_read_per_token() + m.kv_cache // 2
+    """Bytes one decode step reads (weights, half the KV cache on average, one sequence's recurrent states) over the
+    bandwidth of where they live."""
+    state = m.info.recurrent_layers * m.info.state_floats * 4 if m.states else 0
+    read = m.info.bytes_read_per_token() + (m.kv_cache - m.states) // 2 + state
     if not plan.discrete or m.runtime == "onnxruntime":
         return read / plan.profile.bandwidth
     on_gpu = min(m.n_gpu_layers, m.info.n_layer) / m.info.n_layer

@@ -27,6 +27,7 @@ from edgespec.plan.planner import (
     make_plan,
     model_need,
     requantized,
+    state_bytes,
 )
 from edgespec.plan.profiles import Profile, get_profile
 from edgespec.plan.report import format_plan, predict, refusal, to_dict
@@ -466,3 +467,35 @@ def test_drafts_inside_llama_cpp_are_counted_and_shown(default_gguf, smollm2_che
     qwen = write_random_qwen35_mtp(tmp_path / "qwen35-mtp.gguf", tokenizer=default_gguf)  # 64 wide, 2 kv heads of 16
     mtp = plan_for(str(qwen), "mtp", n_ctx=512, budget="8GiB", measure_bandwidth=False)
     assert mtp.heads == 528 * (2 * 2 * 2 * 16 + 4 * 64) + 16 * 49152 * 4
+
+
+_RECURRENT_CHILD = r"""
+import os, sys
+from edgespec.backends.llama.backend import LlamaBackend
+for sequences in (1, 16):
+    os.write(2, f"@@sequences {sequences}\n".encode())
+    LlamaBackend(sys.argv[1], n_ctx=512, n_threads=1, sequences=sequences).close()
+"""
+
+
+def test_a_recurrent_targets_states_and_attention_cache_equal_llama_cpp_log(default_gguf, tmp_path):
+    """Qwen3.5's gated delta nets keep a state a sequence (and 16 snapshots of it), its attention layers alone a KV
+    cache (one of the four trunk layers here): the planner's figures for one sequence (a chain) and for sixteen (a
+    tree's branches) are what llama.cpp allocates, as its log says."""
+    from edgespec.models.random_mtp import write_random_qwen35_mtp
+    from edgespec.run import plan_for
+
+    qwen = write_random_qwen35_mtp(tmp_path / "qwen35-mtp.gguf", tokenizer=default_gguf)
+    proc = subprocess.run([sys.executable, "-c", _RECURRENT_CHILD, str(qwen)], capture_output=True, text=True,
+                          env={**os.environ, "EDGESPEC_LLAMA_LOG": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = read_model_info(qwen)
+    assert (info.recurrent_layers, info.attention_layers) == (3, 1)
+    for part in proc.stderr.split("@@sequences ")[1:]:
+        sequences = int(part.split("\n", 1)[0])
+        logged_kv = float(re.search(r"CPU KV buffer size\s*=\s*([\d.]+) MiB", part).group(1))
+        logged_states = float(re.search(r"CPU RS buffer size\s*=\s*([\d.]+) MiB", part).group(1))
+        assert abs(kv_bytes(info, 512, "f16", "llama.cpp") / MiB - logged_kv) <= 0.006  # the log rounds
+        assert abs(state_bytes(info, sequences) / MiB - logged_states) <= 0.006
+        plan = plan_for(str(qwen), "none", n_ctx=512, budget="8GiB", measure_bandwidth=False, sequences=sequences)
+        assert plan.target.kv_cache == kv_bytes(info, 512, "f16", "llama.cpp") + state_bytes(info, sequences)
