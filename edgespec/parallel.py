@@ -73,7 +73,7 @@ class Parallel:
         self.run = run
         spec, streams, n_ctx, k_max = run.pair.draft, run.streams, run.n_ctx, run.k_max
         heads = spec.family == "heads"  # an EAGLE-3 head, DFlash or MTP layer (run.one_stream_reason: no others)
-        self._own_pass = spec.kind == "lookup" or heads and not run.one_pool  # a draft's rows: a pass of their own
+        self._own_pass = (spec.kind == "lookup" or heads) and not run.one_pool  # a draft's rows: a pass of their own
         self.streams = streams
         self._lock = threading.Lock()
 

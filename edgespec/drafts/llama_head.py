@@ -150,9 +150,9 @@ class LlamaHeadDrafter(Drafter):
         stream's copy (for_streams) frees its batch only: the drafter of stream 0 frees the rest."""
         if getattr(self, "target", None) is not None and self.target.on_pass == self._read_target:
             self.target.on_pass = None
-        if self.shared is not None:
-            self.shared.feed.pop(self.seq, None)
         for drafter in (*self.siblings, self):
+            if drafter.shared is not None:
+                drafter.shared.feed.pop(drafter.seq, None)
             if getattr(drafter, "batch", None) is not None:
                 drafter.batch.close()
                 drafter.batch = None
