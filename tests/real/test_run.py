@@ -95,7 +95,7 @@ def test_load_and_parallel_open_the_run_they_are_given_as_it_is(default_gguf, op
     (target,), settings = opened.value.args
     assert target == one.pair.target
     assert settings == {"n_ctx": 300, "threads": 1, "provider": "cpu", "hidden": False, "spin": True, "load_mtp": False,
-                        "kv_type": "q8_0", "n_ubatch": 512, "n_gpu_layers": 0}
+                        "sequences": None, "kv_type": "q8_0", "n_ubatch": 512, "n_gpu_layers": 0}
     with pytest.raises(Opened) as opened:
         edgespec.parallel.open_run(four)
     (target,), settings = opened.value.args
