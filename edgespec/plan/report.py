@@ -49,6 +49,7 @@ def to_dict(plan: Plan, prediction: dict | None = None) -> dict:
     models = [{"role": m.role, "path": str(m.info.path), "runtime": m.runtime, "context": m.n_ctx,
                "kv_type": m.kv_type, "prompt_batch": m.n_ubatch, "gpu_layers": m.n_gpu_layers,
                "bytes": {**{p: getattr(m, p) for p in PARTS}, "total": m.total},
+               "recurrent_state_bytes": m.states,  # part of bytes.kv_cache
                **({"gpu_bytes": m.gpu_bytes} if plan.discrete else {})} for m in plan.models]
     out = {"device": plan.profile.name, "title": plan.profile.title, "capacity": plan.capacity,
            "capacity_from": plan.budget_note, "fits": plan.fits, "total": plan.total, "used": plan.used,
@@ -78,6 +79,8 @@ def format_plan(plan: Plan, prediction: dict | None = None) -> str:
         settings = f"ctx {m.n_ctx}, KV {m.kv_type}"
         if m.runtime == "llama.cpp":
             settings += f", batch {m.n_ubatch}" + (f", GPU layers {m.n_gpu_layers}" if plan.profile.gpu else "")
+        if m.states:
+            settings += f", recurrent states {mib_text(m.states)} of the KV column"
         lines.append(f"{m.role:10}" + "".join(f"{mib_text(getattr(m, p)):>10}" for p in (*PARTS, "total"))
                      + f"   {m.info.name} ({m.runtime}): {settings}")
     if plan.heads:

@@ -499,3 +499,5 @@ def test_a_recurrent_targets_states_and_attention_cache_equal_llama_cpp_log(defa
         assert abs(state_bytes(info, sequences) / MiB - logged_states) <= 0.006
         plan = plan_for(str(qwen), "none", n_ctx=512, budget="8GiB", measure_bandwidth=False, sequences=sequences)
         assert plan.target.kv_cache == kv_bytes(info, 512, "f16", "llama.cpp") + state_bytes(info, sequences)
+        assert to_dict(plan)["models"][0]["recurrent_state_bytes"] == state_bytes(info, sequences)
+        assert "recurrent states" in format_plan(plan)

@@ -46,17 +46,20 @@ def alone(client):
     return {prompt: ask(client, prompt) for prompt in PROMPTS}
 
 
-def test_each_answer_alone_is_target_only_decoding(reference_pair, alone):
-    """The answers the tests here compare with are the target's own: greedy target-only decoding in this process,
-    no draft, no server."""
+def target_only(target, prompts: list[str]) -> dict[str, str]:
+    """Each prompt's greedy target-only answer in this process: no draft, no server."""
     from edgespec.api import load
 
-    engine = load(reference_pair[0], "none", n_ctx=512, threads=1)
+    engine = load(target, "none", n_ctx=512, threads=1)
     try:
-        own = {p: engine.generate([{"role": "user", "content": p}], max_tokens=N).text for p in PROMPTS}
+        return {p: engine.generate([{"role": "user", "content": p}], max_tokens=N).text for p in prompts}
     finally:
         engine.close()
-    assert alone == own
+
+
+def test_each_answer_alone_is_target_only_decoding(reference_pair, alone):
+    """The answers the tests here compare with are the target's own."""
+    assert alone == target_only(reference_pair[0], PROMPTS)
 
 
 def test_requests_at_once_are_answered_as_each_alone(server, client, alone):
@@ -126,7 +129,6 @@ def test_streams_drafting_with_an_eagle3_head_answer_as_target_only(reference_pa
     target-only decoding in this process."""
     import numpy as np
 
-    from edgespec.api import load
     from edgespec.export.eagle3 import convert_eagle3, random_eagle3
 
     head = convert_eagle3(random_eagle3(tmp_path / "head", smollm2_checkpoint, draft_ids=np.arange(4096), seed=2),
@@ -137,11 +139,7 @@ def test_streams_drafting_with_an_eagle3_head_answer_as_target_only(reference_pa
         with ThreadPoolExecutor(3) as pool:
             together = list(pool.map(lambda p: ask(client, p), PROMPTS[:3]))
         assert httpx.get(f"{url}/health").json()["slots"] == 2
-    engine = load(target, "none", n_ctx=512, threads=1)
-    try:
-        assert together == [engine.generate([{"role": "user", "content": p}], max_tokens=N).text for p in PROMPTS[:3]]
-    finally:
-        engine.close()
+    assert together == list(target_only(target, PROMPTS[:3]).values())
 
 
 @pytest.mark.parametrize("args, message", [

@@ -40,8 +40,8 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
         each); 1 makes the context llama-bench's and llama-server's for one conversation. Default: MAX_OUTPUTS
         (trees' branches cost an attention cache nothing, its cells shared), but 1 for a model with recurrent
         layers, which keep a state and its snapshots per sequence (below): MAX_OUTPUTS sequences would hold 16x
-        the states a chain needs (1 + n_rs_seq rows a sequence of each recurrent layer's state; a gated delta net
-        4096 wide with 128-dim states holds 2 MiB a row a layer). overlap: whether
+        the states a chain needs (1 + n_rs_seq rows a sequence of each recurrent layer's state: plan/planner.py,
+        state_bytes, checked against llama.cpp's log). overlap: whether
         prefetch starts passes (default: where layers run on a GPU, whose llama_decode returns once the work is
         queued; on the CPU it returns when the pass is done, so starting it early gains nothing). outputs: the most
         rows of logits one decode returns (backends/llama/streams.py joins a pass per stream). unified: whether the
