@@ -177,13 +177,15 @@ def drafted_first_token_p(engine, prompt: str, law: np.ndarray, runs: int, tempe
                           ) -> tuple[float, int]:
     """(p-value, drafts kept) of the first token of `runs` answers to `prompt` (seeds 0..runs-1, draft_max 1: the loop
     drafts it, its prefill pass verifying it) against the target's law there: cells for the tokens likely enough,
-    and the rest. options: generate's (chat=False for a raw prompt)."""
+    and the rest. options: generate's (chat=False for a raw prompt). Each answer is closed at its first token: after
+    a rejected draft its second would cost a pass of its own, which nothing here reads."""
     draws, accepted = [], 0
     for seed in range(runs):
-        result = engine.generate(prompt, max_tokens=2, temperature=temperature, seed=seed, draft_max=1, **options)
-        assert result.stats.drafted >= 1
-        draws.append(result.tokens[0])
-        accepted += result.stats.accepted
+        stream = engine.stream(prompt, max_tokens=2, temperature=temperature, seed=seed, draft_max=1, **options)
+        draws.append(next(event.token for event in stream if event.token is not None))
+        stream.close()
+        assert stream.stats.drafted >= 1
+        accepted += stream.stats.accepted
     return goodness_of_fit(draws, {int(x): float(p) for x, p in enumerate(law)}), accepted
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,34 @@ def lib():
 
 
 def open_gguf(path: str | os.PathLike, mode: str = "r"):
-    """A GGUFReader of the file (mode "r+" edits values in place), or one clear error for a file that is none."""
+    """A GGUFReader of the file (mode "r+" edits values in place, which `mapped.flush()` writes), or one clear error
+    for a file that is none."""
     from edgespec.backends.llama.lib import check_gguf_file
 
     path = check_gguf_file(path)
     try:
-        return lib().GGUFReader(path, mode)
+        return _reader()(path, mode)
     except (ValueError, OSError, IndexError) as e:
         raise EdgespecError(f"{path} is not a readable GGUF ({e})") from None
+
+
+@cache
+def _reader() -> type:
+    """gguf-py's GGUFReader over a plain array view of its memory map (`data`; the map itself is `mapped`). The
+    reader slices the map once or twice for every value, 250k slices for a 49k-token vocabulary, and a slice of a
+    np.memmap runs the subclass's finalizer: the default model's header took 3.2 s through the map, 1.2 s
+    through the view. The fields and tensors are the same views of the same file."""
+
+    class Reader(lib().GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._view
+
+        @data.setter
+        def data(self, mapped: np.memmap) -> None:
+            self.mapped, self._view = mapped, mapped.view(np.ndarray)
+
+    return Reader
 
 
 def block_size(type_name: str) -> tuple[int, int]:

@@ -99,14 +99,13 @@ def sliding_window(config: dict) -> int | None:
 def cap_context(folder: Path, gguf_path: Path, progress: bool) -> int | None:
     """Where llama.cpp would run a sliding-window checkpoint with full attention, lower the GGUF's context length
     (llama.cpp's bound for a context) to the window, within which the two attend alike; returns the new length."""
-    import gguf
-
+    from edgespec.backends.gguf_file import open_gguf
     from edgespec.export.hf import read_config
 
     window = sliding_window(read_config(folder))
     if window is None:
         return None
-    reader = gguf.GGUFReader(gguf_path, "r+")
+    reader = open_gguf(gguf_path, "r+")
     arch = reader.get_field("general.architecture").contents()
     if reader.get_field(f"{arch}.attention.sliding_window") is not None and arch not in WINDOW_TURNED_OFF:
         return None
@@ -114,7 +113,7 @@ def cap_context(folder: Path, gguf_path: Path, progress: bool) -> int | None:
     say(progress, f"llama.cpp's {arch} attends to the whole context, the checkpoint within {window} tokens: "
                   f"capping the GGUF's context at {window} tokens")
     field.parts[field.data[0]][0] = window  # in place: the same u32 (gguf-py's gguf_set_metadata does it so)
-    reader.data.flush()
+    reader.mapped.flush()
     return window
 
 
