@@ -113,6 +113,9 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf):
         self.buf, self.pos = buf, 0
@@ -135,6 +138,12 @@ class _Cursor:
             item_type, n = self.unpack("<I"), self.unpack("<Q")
             if item_type in _SCALARS and not keep:
                 self.pos += n * struct.calcsize(_SCALARS[item_type])
+                return None
+            if item_type == _STRING and not keep:  # a vocabulary: walk the lengths, make no strings
+                buf, pos, length = self.buf, self.pos, _U64.unpack_from
+                for _ in range(n):
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
                 return None
             items = [self.value(item_type, keep) for _ in range(n)]
             return items if keep else None
