@@ -107,3 +107,30 @@ def test_dflash2_and_dspark_files_are_refused_before_anything_loads(tmp_path):
     writer.close()
     with pytest.raises(EdgespecError, match="not DFlash2 selectors or DSpark Markov heads"):
         DFlashDrafter(tmp_path / "dspark.gguf", None)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_a_heads_d2t_map_is_read_from_the_header_as_absolute_ids(tmp_path, dtype):
+    """head_ids finds the d2t tensor from the streamed header and reads it from the file as written (int64 as the
+    converter writes it, or int32); a map of floats, repeats or ids past the vocabulary is refused by name."""
+    from edgespec.drafts.eagle3 import head_ids
+
+    def head(name, d2t):
+        writer = gguf.GGUFWriter(str(tmp_path / name), "eagle3")
+        writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+        writer.add_tensor("d2t", d2t)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return tmp_path / name
+
+    ids = np.array([2, 17, 18, 40, 41, 99], dtype=dtype)
+    got = head_ids(head("ok.gguf", ids), 100)
+    assert got.dtype == np.int64 and got.tolist() == ids.tolist()
+    assert head_ids(write(tmp_path / "full.gguf", "eagle3"), 100) is None  # no map: the whole vocabulary
+    for name, bad, message in [("floats.gguf", ids.astype(np.float32), "F32, not integer ids"),
+                               ("repeats.gguf", np.array([3, 3], dtype=dtype), "not a set of distinct ids"),
+                               ("past.gguf", np.array([5, 100], dtype=dtype), "not a set of distinct ids under 100")]:
+        with pytest.raises(EdgespecError, match=f"{name}: its d2t map is {message}"):
+            head_ids(head(name, bad), 100)
