@@ -111,9 +111,7 @@ SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})\.ggu
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-
-
-_U64 = struct.Struct("<Q")
+_U64 = struct.Struct("<Q")  # a string's length
 
 
 class _Cursor:

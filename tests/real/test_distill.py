@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import CORPUS_PROMPTS, soft_llama
 
+from edgespec.backends import gguf_file
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.errors import EdgespecError
 from edgespec.train import corpus as corpus_module
@@ -39,10 +40,9 @@ def test_hidden_states_do_not_change_logits_and_survive_long_forwards(default_gg
 
 def test_hidden_state_is_what_the_output_layer_reads(default_gguf):
     """The recorded state is the final normed one: the (tied) embedding matrix maps it to the logits."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    tensor = next(t for t in GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
+    tensor = next(t for t in gguf_file.open_gguf(default_gguf).tensors if t.name == "token_embd.weight")
     weights = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
     backend = LlamaBackend(default_gguf, n_ctx=256, hidden=True)
     logits = backend.forward(backend.tokenize("The capital of France is", special=True), 2)

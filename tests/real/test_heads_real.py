@@ -4,6 +4,7 @@ import numpy as np
 from fake import random_table
 from test_heads import HiddenFake, V, heads_file
 
+from edgespec.backends import gguf_file
 from edgespec.drafts.heads import save_heads
 
 
@@ -60,7 +61,7 @@ def test_the_output_layer_is_read_from_the_header_in_blocks_or_as_a_view(default
 
     from edgespec.drafts.heads import output_matrix
 
-    tensor = next(t for t in gguf.GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
+    tensor = next(t for t in gguf_file.open_gguf(default_gguf).tensors if t.name == "token_embd.weight")
     expected = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
     np.testing.assert_array_equal(output_matrix(default_gguf), expected)
     half = output_matrix(default_gguf, np.float16)

@@ -6,6 +6,7 @@ cache behind it)."""
 import numpy as np
 import pytest
 
+from edgespec.backends import gguf_file
 from edgespec.backends.llama.backend import LlamaBackend
 from edgespec.backends.llama.ext import LayerInputs, target_layer_ids
 from edgespec.errors import EdgespecError
@@ -21,7 +22,7 @@ def target(default_gguf):
 
 
 def embedding_rows(path, ids):
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_file.open_gguf(path)
     tensor = next(t for t in reader.tensors if t.name == "token_embd.weight")
     table = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     return table.reshape(-1, table.shape[-1])[ids]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import soft_llama
 
+from edgespec.backends import gguf_file
 from edgespec.errors import EdgespecError
 
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -16,13 +17,12 @@ HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_
 
 def _gguf_layers(path, config) -> dict[str, np.ndarray]:
     """Every decoder linear weight of a GGUF, dequantized, by its Hugging Face name and in its row order."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
     from edgespec.train.eagle import rope_rows
 
     out = {}
-    for t in GGUFReader(path).tensors:
+    for t in gguf_file.open_gguf(path).tensors:
         parts = t.name.split(".")
         hf = next((k for k, v in HF_TO_GGUF.items() if parts[0] == "blk" and parts[2] == v), None)
         if hf is None:
