@@ -13,9 +13,9 @@ from edgespec.pair import resolve_pair
 gguf = pytest.importorskip("gguf")
 
 
-def write(path, arch, **fields):
-    """A GGUF of `arch` holding `fields` (lists as arrays) and one small tensor: as much of a header as the checks
-    read."""
+def write(path, arch, tensors: dict | None = None, **fields):
+    """A GGUF of `arch` holding `fields` (lists as arrays), one small tensor and `tensors` (name: array): as much of
+    a header as the checks read."""
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in fields.items():
         key = f"{arch}.{key}"
@@ -23,7 +23,8 @@ def write(path, arch, **fields):
             writer.add_array(key, value)
         else:
             writer.add_uint32(key, value)
-    writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+    for name, array in {"output_norm.weight": np.ones(8, dtype=np.float32), **(tensors or {})}.items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -116,14 +117,7 @@ def test_a_heads_d2t_map_is_read_from_the_header_as_absolute_ids(tmp_path, dtype
     from edgespec.drafts.eagle3 import head_ids
 
     def head(name, d2t):
-        writer = gguf.GGUFWriter(str(tmp_path / name), "eagle3")
-        writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
-        writer.add_tensor("d2t", d2t)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return tmp_path / name
+        return write(tmp_path / name, "eagle3", tensors={"d2t": d2t})
 
     ids = np.array([2, 17, 18, 40, 41, 99], dtype=dtype)
     got = head_ids(head("ok.gguf", ids), 100)
