@@ -42,8 +42,9 @@ def open_gguf(path: str | os.PathLike, mode: str = "r"):
 def _reader() -> type:
     """gguf-py's GGUFReader over a plain array view of its memory map (`data`; the map itself is `mapped`). The
     reader slices the map once or twice for every value, 250k slices for a 49k-token vocabulary, and a slice of a
-    np.memmap runs the subclass's finalizer: the default model's header took 3.2 s through the map, 1.2 s
-    through the view. The fields and tensors are the same views of the same file."""
+    np.memmap runs the subclass's finalizer, which took about half of the default model's read (measured:
+    docs/results/2026-11-29-header-reads.md, benchmarks/load_reads.py). The fields and tensors are the same views
+    of the same file."""
 
     class Reader(lib().GGUFReader):
         @property
