@@ -1,3 +1,5 @@
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
@@ -7,6 +9,23 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
+
+
+def _pin_worker() -> None:
+    """Under pytest-xdist (`make test` runs a worker a core, up to 4), each worker on its own share of the cores,
+    before torch or llama.cpp start threads: their default thread counts follow it (edgespec.machine.cores), so
+    the workers' threads never wait on each other's cores (a model's spinning threads on shared cores ran the
+    EAGLE law tests 5x slower). Outside xdist nothing changes."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit()) or not hasattr(os, "sched_setaffinity"):
+        return
+    mine = sorted(os.sched_getaffinity(0))
+    share = max(len(mine) // int(count), 1)
+    start = int(worker[2:]) * share % len(mine)
+    os.sched_setaffinity(0, mine[start:start + share])
+
+
+_pin_worker()
 
 CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 # under CI (.ci/run sets CI=true) a piece `make install` brings and this machine lacks (the C row passes, Chromium,
@@ -93,6 +112,18 @@ def retokenized_q4_0_gguf(q4_0_gguf, tmp_path_factory):
                          drop=2000)
 
 
+@contextlib.contextmanager
+def test_cache():
+    """The folder of models the tests build once per machine (EDGESPEC_TEST_CACHE, default
+    ~/.cache/edgespec/test-checkpoints), held under a lock: of the workers of one `make test` that want a model
+    not built yet, one builds it and the others wait and use it."""
+    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield cache
+
+
 @pytest.fixture(scope="session")
 def smollm2_checkpoint():
     """The real SmolLM2-135M-Instruct as a Hugging Face folder (dequantized from the shipped GGUF).
@@ -102,8 +133,8 @@ def smollm2_checkpoint():
     """
     from edgespec.models.smollm2 import build_checkpoint
 
-    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
-    return build_checkpoint(cache / f"smollm2-135m-instruct-{CHECKPOINT_VERSION}")
+    with test_cache() as cache:
+        return build_checkpoint(cache / f"smollm2-135m-instruct-{CHECKPOINT_VERSION}")
 
 
 @pytest.fixture(scope="session")
@@ -113,10 +144,10 @@ def reference_pair(smollm2_checkpoint):
     from edgespec.export import export_pair
     from edgespec.export.pair import read_manifest
 
-    cache = Path(os.environ.get("EDGESPEC_TEST_CACHE", Path.home() / ".cache" / "edgespec" / "test-checkpoints"))
-    folder = cache / f"smollm2-f32-q4_0-{CHECKPOINT_VERSION}"
-    if not (folder / "pair.json").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
+    with test_cache() as cache:
+        folder = cache / f"smollm2-f32-q4_0-{CHECKPOINT_VERSION}"
+        if (folder / "pair.json").is_file():
+            return tuple(str(p) for p in read_manifest(folder / "pair.json"))
         work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache))
         try:
             export_pair(str(smollm2_checkpoint), str(smollm2_checkpoint), "gguf", work, target_quant="f32",
@@ -125,7 +156,7 @@ def reference_pair(smollm2_checkpoint):
             os.replace(work, folder)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return tuple(str(p) for p in read_manifest(folder / "pair.json"))
+        return tuple(str(p) for p in read_manifest(folder / "pair.json"))
 
 
 @pytest.fixture(scope="session")

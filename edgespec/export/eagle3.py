@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -52,17 +53,21 @@ def llama_source() -> Path:
     if all((root / part).exists() for part in CONVERTER_PARTS):
         return root
     print(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist into {root}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # a folder of this process's own, renamed last: an interrupted fetch leaves no cache entry, and of two processes
+    # fetching at once (two conversions, two test workers) the first to finish fills the cache, the other uses it
+    with (tempfile.TemporaryDirectory() as tmp,
+          tempfile.TemporaryDirectory(prefix=f".{version}.", dir=root.parent, ignore_cleanup_errors=True) as partial):
         vendor = vendored_llama_cpp(Path(tmp))
-        partial = root.with_name(root.name + ".partial")
-        partial.mkdir(parents=True, exist_ok=True)
         for part in CONVERTER_PARTS:
-            (vendor / part).replace(partial / part)
-        if root.exists():
-            import shutil
-
-            shutil.rmtree(root)
-        partial.rename(root)  # last: an interrupted fetch leaves no cache entry
+            (vendor / part).replace(Path(partial) / part)
+        if not all((root / part).exists() for part in CONVERTER_PARTS):
+            shutil.rmtree(root, ignore_errors=True)  # an older layout's
+            try:
+                os.rename(partial, root)
+            except OSError:  # another process filled it first
+                if not all((root / part).exists() for part in CONVERTER_PARTS):
+                    raise
     return root
 
 

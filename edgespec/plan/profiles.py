@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 from edgespec.units import GiB
 
 if sys.version_info >= (3, 11):
@@ -136,7 +137,7 @@ def auto_profile(measure: bool = True) -> Profile:
             llama = (gpus[0]["backend"], "cpu")
     bandwidth = measure_bandwidth() if measure else float("nan")
     measured["bandwidth_measured"] = bandwidth
-    return Profile(name="auto", title=f"this machine ({os.cpu_count()} cores)", memory_bytes=memory, unified=unified,
+    return Profile(name="auto", title=f"this machine ({cores()} cores)", memory_bytes=memory, unified=unified,
                    reserve_bytes=reserve, bandwidth=bandwidth, llama_cpp=llama,
                    onnxruntime=available_providers() if measure else (),
                    source="measured: OS memory counters, llama.cpp devices, a numpy copy", measured=measured)

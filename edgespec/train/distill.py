@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 from edgespec.progress import say
 from edgespec.train.corpus import Sequence, holdout_split
 from edgespec.train.draft_model import (
@@ -107,7 +108,7 @@ def train(seqs: list[Sequence], source: Path, *, n_layers: int | None = None, ep
     have all the source's layers, and the model returned holds the rounded weights."""
     torch, _ = torch_modules()
     torch.manual_seed(seed)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cores())
     device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -194,7 +195,7 @@ def start_head_training(seqs: list, seed: int, holdout: float):
     if any(s.hidden is None for s in seqs):
         raise EdgespecError("the corpus has no hidden states: build it with edgespec train-heads (hidden states on)")
     torch.manual_seed(seed)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cores())
     rng = np.random.default_rng(seed)
     held, train_seqs = holdout_split(seqs, holdout, rng)
     return torch, rng, held, train_seqs

@@ -59,7 +59,7 @@ def test_no_module_imports_itself_through_others():
 # The floors of docs/layout.md, lowest first: a module imports from its own floor and those below. A package's
 # floor is its top-level name's (edgespec itself, the package's __init__, is the top floor: it re-exports the API).
 FLOORS = {name: floor for floor, names in enumerate((
-    ("errors", "units", "progress"),
+    ("errors", "units", "progress", "machine"),
     ("backends", "models"),  # runtimes, and where model files come from
     ("decode",),  # numpy: rows in, tokens out; the loop drives drafters, named in annotations only
     ("drafts",),  # draw from decode's laws

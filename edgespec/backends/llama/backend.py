@@ -20,6 +20,7 @@ from edgespec.backends.llama.model import LlamaHandles, LlamaTokenizer, chat_tem
 from edgespec.backends.llama.trees import TreePasses
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward, common_prefix
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 
 if TYPE_CHECKING:
     from edgespec.backends.llama.states import PromptCache
@@ -72,7 +73,7 @@ class LlamaBackend(TreePasses, LlamaHandles, Backend):
         self.recurrent = bool(lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model))
         if sequences is None:
             sequences = 1 if self.recurrent else MAX_OUTPUTS
-        n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        n_threads = n_threads or min(cores(), 8)
         cparams = lib.llama_context_default_params()
         n_ctx_train = lib.llama_model_n_ctx_train(self._model)
         cparams.n_ctx = n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx

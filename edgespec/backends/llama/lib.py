@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 
 GGUF_MAGIC = b"GGUF"
 
@@ -149,7 +150,7 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, quant: str, *,
     llama = lib()
     params = llama.llama_model_quantize_default_params()
     params.ftype = getattr(llama, QUANT_TYPES[quant])
-    params.nthread = threads or (os.cpu_count() or 1)
+    params.nthread = threads or cores()
     params.allow_requantize = True
     tmp = partial_path(dst)
     try:

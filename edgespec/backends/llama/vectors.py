@@ -12,6 +12,7 @@ from edgespec.backends.llama.lib import lib as _lib
 from edgespec.backends.llama.model import LlamaHandles
 from edgespec.backends.protocol import MAX_OUTPUTS
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 
 
 class LlamaVectorModel(LlamaHandles):
@@ -39,7 +40,7 @@ class LlamaVectorModel(LlamaHandles):
         cparams.n_seq_max = MAX_OUTPUTS
         cparams.kv_unified = True
         cparams.n_outputs_max = MAX_OUTPUTS
-        cparams.n_threads = cparams.n_threads_batch = n_threads or min(os.cpu_count() or 1, 8)
+        cparams.n_threads = cparams.n_threads_batch = n_threads or min(cores(), 8)
         cparams.no_perf = True
         cparams.embeddings = self.hidden = hidden
         self.kv_type = kv_type

@@ -37,6 +37,7 @@ from edgespec.backends.onnx.folder import (
 from edgespec.backends.onnx.vocab import read_vocab
 from edgespec.backends.protocol import MAX_OUTPUTS, Backend, check_forward
 from edgespec.errors import EdgespecError
+from edgespec.machine import cores
 
 PREFILL_CHUNK = 128  # tokens per session run, bounding the logits buffer onnxruntime returns to 128 x V floats:
 # a 512-token prompt through SmolLM2-135M fp32 (2 CPU threads) takes 0.82-0.85 s in chunks of 128, 0.81 s of 256,
@@ -158,7 +159,7 @@ class OnnxBackend(Backend):
         ort = require("onnxruntime")
         self.name, self.path = folder.name, folder
         wanted = pick_provider(ort.get_available_providers(), provider)
-        self.n_threads = n_threads or min(os.cpu_count() or 1, 8)
+        self.n_threads = n_threads or min(cores(), 8)
         self._session = open_session(ort, folder / MODEL_FILE, wanted, self.n_threads, strict=provider != "auto",
                                      spin=spin)
         self.spin = spin
