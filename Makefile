@@ -56,11 +56,11 @@ $(STAMP):
 chat: install
 	$(VENV)/bin/edgespec chat
 
-# the whole suite on a worker a core, up to 4 (pytest-xdist), a test file a worker (its module fixtures built once);
-# tests/conftest.py gives each worker its share of the cores, which its models' threads then keep to
+# the whole suite on a worker a core, up to 4 (pytest-xdist), a test file at a time (a module's fixtures built once);
+# tests/conftest.py schedules the files and gives each worker its share of the cores, which its threads keep to
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: install
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS)
 
 # the tiers (docs/testing.md): tests/fast (pure functions, the loop on fakes: under a minute), tests/laws
 test-fast: install

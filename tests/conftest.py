@@ -27,6 +27,24 @@ def _pin_worker() -> None:
 
 _pin_worker()
 
+# files whose tests share a session fixture too slow to build on each worker: one worker runs them all
+# (smollm2_onnx_fp32, the real model's ONNX export: about 80 s on a worker's one core)
+SHARED_SESSION = {"tests/real/test_export_onnx.py": "onnx-export", "tests/real/test_onnx_backend.py": "onnx-export"}
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist) has none
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s workers take a test file at a time (its module fixtures built once), the files of
+    SHARED_SESSION together."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SHARED_SESSION.get(file, file)
+
+    return ByFile(config, log)
+
 CHECKPOINT_VERSION = 1  # bump when models/smollm2.py changes what it writes
 # under CI (.ci/run sets CI=true) a piece `make install` brings and this machine lacks (the C row passes, Chromium,
 # playwright) fails the tests that need it; elsewhere they skip, saying why. A GPU is not such a piece.
