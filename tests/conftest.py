@@ -131,7 +131,7 @@ def retokenized_q4_0_gguf(q4_0_gguf, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def test_cache():
+def models_cache():
     """The folder of models the tests build once per machine (EDGESPEC_TEST_CACHE, default
     ~/.cache/edgespec/test-checkpoints), held under a lock: of the workers of one `make test` that want a model
     not built yet, one builds it and the others wait and use it."""
@@ -151,7 +151,7 @@ def smollm2_checkpoint():
     """
     from edgespec.models.smollm2 import build_checkpoint
 
-    with test_cache() as cache:
+    with models_cache() as cache:
         return build_checkpoint(cache / f"smollm2-135m-instruct-{CHECKPOINT_VERSION}")
 
 
@@ -162,7 +162,7 @@ def reference_pair(smollm2_checkpoint):
     from edgespec.export import export_pair
     from edgespec.export.pair import read_manifest
 
-    with test_cache() as cache:
+    with models_cache() as cache:
         folder = cache / f"smollm2-f32-q4_0-{CHECKPOINT_VERSION}"
         if (folder / "pair.json").is_file():
             return tuple(str(p) for p in read_manifest(folder / "pair.json"))

@@ -1,6 +1,6 @@
 """The pieces of EAGLE-3 training that need no model (train/eagle3.py): the q/k row order undone exactly, the
-entries' features and target rows lined up as drafting reads them, and train-heads refusing an EAGLE-3 head it
-could not convert."""
+entries' features and target rows lined up as drafting reads them, train-heads refusing an EAGLE-3 head it could
+not convert, and the converter's cache filled once by two fetches at once."""
 
 from types import SimpleNamespace
 
@@ -47,3 +47,33 @@ def test_an_eagle3_head_needs_a_gguf_target_and_its_hugging_face_folder(tmp_path
     with pytest.raises(EdgespecError, match="--hf-target DIR"):
         train_heads(target, tmp_path / "head.gguf", kind="eagle3", hf_target=tmp_path)  # no config.json
     assert not (tmp_path / "head.gguf").exists() and not (tmp_path / "head.corpus").exists()
+
+
+def test_two_fetches_of_the_converter_at_once_leave_one_complete_cache_entry(tmp_path, monkeypatch):
+    """Two conversions (or two test workers) fetching llama.cpp's converter at the same moment: both get the
+    complete folder, whichever renamed its copy first, and no half-written folder is left beside it."""
+    import threading
+
+    from edgespec.export import eagle3
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    both_fetched = threading.Barrier(2)
+
+    def fetched(into):  # the sdist's tree, each fetch waiting until the other has one too
+        tree = into / "llama.cpp"
+        for part in eagle3.CONVERTER_PARTS:
+            (tree / part).mkdir(parents=True)
+            (tree / part / "f").write_text(threading.current_thread().name)
+        both_fetched.wait(timeout=10)
+        return tree
+
+    monkeypatch.setattr(eagle3, "vendored_llama_cpp", fetched)
+    roots = []
+    fetches = [threading.Thread(target=lambda: roots.append(eagle3.llama_source()), name=f"fetch{i}") for i in (0, 1)]
+    for fetch in fetches:
+        fetch.start()
+    for fetch in fetches:
+        fetch.join(timeout=20)
+    assert len(roots) == 2 and roots[0] == roots[1]
+    assert sorted(p.name for p in roots[0].iterdir()) == sorted(eagle3.CONVERTER_PARTS)
+    assert [p.name for p in roots[0].parent.iterdir()] == [roots[0].name]  # no partial folder left
