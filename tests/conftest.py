@@ -15,7 +15,7 @@ def _pin_worker() -> None:
     """Under pytest-xdist (`make test` runs a worker a core, up to 4), each worker on its own share of the cores,
     before torch or llama.cpp start threads: their default thread counts follow it (edgespec.machine.cores), so
     the workers' threads never wait on each other's cores (a model's spinning threads on shared cores ran the
-    EAGLE law tests 5x slower). Outside xdist nothing changes."""
+    EAGLE law tests about 4x slower: docs/results/2026-11-30-test-workers.md). Outside xdist nothing changes."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not (worker.startswith("gw") and count.isdigit()) or not hasattr(os, "sched_setaffinity"):
         return
