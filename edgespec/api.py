@@ -297,7 +297,8 @@ def load(target: str | os.PathLike | Pair | Run | None = None, draft: str | os.P
             EAGLE head that ships for the default model; "ngram+" before a model or heads: prompt lookup where
             the text repeats itself, that draft elsewhere.
         n_ctx: context length in tokens (default 2048; with a plan, the most up to 2048 that fits).
-        threads: CPU threads (default: all cores, at most 8). k_max: the longest draft the controller may choose.
+        threads: CPU threads (default: the cores it may run on, at most 8). k_max: the longest draft the controller
+            may choose.
         provider: for ONNX models, cpu|cuda|tensorrt|coreml|auto (default cpu; auto with a device profile).
         device, budget: plan memory for a device profile ("auto" = this machine, "orin-nano-8gb", ...) and/or a
             budget ("6GiB"), and load with the plan's settings; a pair that cannot fit is refused before any

@@ -30,6 +30,7 @@ from edgespec.decode.calibrate import measure_pass_costs
 from edgespec.decode.laws import law
 from edgespec.decode.rule import Rows, verify
 from edgespec.decode.sampling import SamplingParams, to_probs
+from edgespec.machine import cores
 
 ALPHA = 1e-3  # a correct rule fails the self-test at this rate
 POSITIONS = (6, 14, 30)  # where in the text the rule is tested
@@ -125,7 +126,7 @@ def environment() -> dict:
     import psutil
 
     out = {"edgespec": __version__, "python": platform.python_version(), "platform": platform.platform(),
-           "numpy": np.__version__, "cpus": os.cpu_count(),
+           "numpy": np.__version__, "cpus": os.cpu_count(), "cores": cores(),  # the machine's; this process's
            "memory": {"total": psutil.virtual_memory().total, "available": psutil.virtual_memory().available}}
     from edgespec.backends.llama.lib import build_info
     from edgespec.backends.onnx.folder import runtime_info

@@ -169,7 +169,8 @@ def doctor(load_engine, temperature, top_p, draws, as_json):
     else:
         env = report["environment"]
         llama, ort = env["llama_cpp"], env["onnxruntime"]
-        click.echo(f"edgespec {env['edgespec']}, Python {env['python']}, {env['platform']}, {env['cpus']} CPUs, "
+        click.echo(f"edgespec {env['edgespec']}, Python {env['python']}, {env['platform']}, {env['cpus']} CPUs "
+                   f"({env['cores']} for this process: the default threads), "
                    f"{env['memory']['available'] / 2**30:.1f} of {env['memory']['total'] / 2**30:.1f} GiB free")
         if llama:
             devices = ", ".join(f"{d['name']} ({d['type']})" for d in llama["devices"]) or "none found"

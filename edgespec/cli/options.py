@@ -84,7 +84,8 @@ def plan_options(f):
                      help="KV cache type for GGUF models [default: f16; with --device/--budget, what fits]"),
         click.option("--profiles", type=click.Path(dir_okay=False), default=None, envvar="EDGESPEC_PROFILES",
                      help="A TOML file of your own device profiles [env EDGESPEC_PROFILES]"),
-        click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads [default: cores, at most 8]"),
+        click.option("--threads", type=click.IntRange(1), default=None,
+                     help="CPU threads [default: the cores it may run on, at most 8]"),
     ]):
         f = option(f)
     return f

@@ -2,6 +2,7 @@
 laws/test_doctor_laws.py)."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -39,6 +40,8 @@ def test_doctor_on_the_default_model_and_with_a_broken_rule(monkeypatch):
     assert report["ok"] and [c["name"] for c in report["checks"]] == ["load", "exactness"]
     assert report["environment"]["llama_cpp"]["devices"]
     assert report["environment"]["row_passes"] == rows.kind()  # what the rule runs on (tests/fast/test_rows.py)
+    if hasattr(os, "sched_getaffinity"):  # the cores the default threads use: this process's (a worker's share)
+        assert report["environment"]["cores"] == len(os.sched_getaffinity(0)) <= report["environment"]["cpus"]
     target = report["placement"]["target"]  # the default model, its 30 layers + output, where this build puts it
     assert report["placement"]["draft"] is None and target["runtime"] == "llama.cpp" and target["layers"] == 31
     gpu = gpu_name()  # a CPU build runs it on the CPU; a GPU build on its GPU

@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edgespec_desktop", description="edgespec chat (Qt)")
     parser.add_argument("target", nargs="?", help="GGUF file or ONNX export folder [default: the default model]")
     parser.add_argument("--draft", default="ngram", help="a GGUF file, 'ngram' (prompt lookup) or 'none'")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads [default: all cores, at most 8]")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads [default: the cores it may run on, at most 8]")
     args = parser.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     window = ChatWindow(args.target, args.draft, threads=args.threads)

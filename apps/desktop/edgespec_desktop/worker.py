@@ -52,7 +52,7 @@ class ChatWorker(QObject):
     _answer_requested = Signal(object, int, float)
 
     def __init__(self, threads: int | None = None):
-        """threads: CPU threads for the models (default: edgespec's, all cores up to 8)."""
+        """threads: CPU threads for the models (default: edgespec's, the cores it may run on, up to 8)."""
         super().__init__()
         self.threads = threads
         self.engine: edgespec.Engine | None = None
