@@ -164,10 +164,13 @@ def loading_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-slot")
 
 
-# what the generating routes answer: the completion as JSON, or with "stream": true its chunks as server-sent events;
-# the refusals, each in OpenAI's error shape
+# what the generating routes answer: the completion as JSON, or with "stream": true its chunks as server-sent events
+# (the schema an event's: its data a chunk as JSON, the last one [DONE]); the refusals, each in OpenAI's error shape
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string", "description": "a chunk as JSON, then [DONE]"},
+                            "event": {"type": "string"}, "id": {"type": "string"}}}
 GENERATING = {200: {"description": "the completion (JSON), or its chunks as server-sent events with \"stream\": true",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                    "content": {"text/event-stream": {"schema": SSE_EVENT}}},
               **documented(400, 401, 429, 500, 504)}
 
 

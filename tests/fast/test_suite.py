@@ -62,3 +62,15 @@ def test_outside_xdist_the_process_keeps_every_core(monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setattr("os.sched_setaffinity", lambda pid, given: pytest.fail(f"pinned to {given}"))
     conftest._pin_worker()
+
+
+def test_no_test_reports_subtests_which_make_tests_workers_would_lose():
+    """pytest-xdist (make test) runs as one the items of a test that reports subtests under one name (pytest 9's
+    `subtests`, schemathesis' `schema.parametrize()` over several operations), and a failing one passed there:
+    test_server_fuzz.py fuzzes each operation in a test of its own, and no test uses subtests."""
+    here = Path(__file__)
+    for path in here.parents[1].rglob("test_*.py"):
+        text = path.read_text()
+        if path != here:
+            assert not re.search(r"def \w+\([^)]*\bsubtests\b|\bsubtests\.test\(", text), f"{path.name} uses subtests"
+            assert not re.search(r"^@\w+\.parametrize\(\)", text, re.M), f"{path.name}: a schema's operations at once"
