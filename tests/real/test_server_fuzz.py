@@ -37,38 +37,21 @@ FUZZ = settings(max_examples=100, deadline=None, derandomize=True, suppress_heal
 FUZZED = {"GET /health", "GET /metrics", "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions"}
 
 
-def answers_as_documented(case):
-    case.call_and_validate(checks=CHECKS)
+def fuzzed(method: str, path: str):
+    """A test of one operation: each answer to the bodies generated for it as the schema documents."""
+    @SCHEMA.include(method=method, path=path).parametrize()
+    @FUZZ
+    def test(case):
+        case.call_and_validate(checks=CHECKS)
+
+    return test
 
 
-@SCHEMA.include(method="GET", path="/health").parametrize()
-@FUZZ
-def test_health_answers_as_the_schema_documents(case):
-    answers_as_documented(case)
-
-
-@SCHEMA.include(method="GET", path="/metrics").parametrize()
-@FUZZ
-def test_metrics_answers_as_the_schema_documents(case):
-    answers_as_documented(case)
-
-
-@SCHEMA.include(method="GET", path="/v1/models").parametrize()
-@FUZZ
-def test_models_answers_as_the_schema_documents(case):
-    answers_as_documented(case)
-
-
-@SCHEMA.include(method="POST", path="/v1/chat/completions").parametrize()
-@FUZZ
-def test_chat_completions_answers_as_the_schema_documents(case):
-    answers_as_documented(case)
-
-
-@SCHEMA.include(method="POST", path="/v1/completions").parametrize()
-@FUZZ
-def test_completions_answers_as_the_schema_documents(case):
-    answers_as_documented(case)
+test_health_answers_as_the_schema_documents = fuzzed("GET", "/health")
+test_metrics_answers_as_the_schema_documents = fuzzed("GET", "/metrics")
+test_models_answers_as_the_schema_documents = fuzzed("GET", "/v1/models")
+test_chat_completions_answers_as_the_schema_documents = fuzzed("POST", "/v1/chat/completions")
+test_completions_answers_as_the_schema_documents = fuzzed("POST", "/v1/completions")
 
 
 def test_every_operation_of_the_schema_is_fuzzed():
