@@ -20,6 +20,8 @@ on random rows), so the guarantee is the one sampling.py states, about the same 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from edgespec.decode import rows
@@ -235,7 +237,7 @@ def _peaked_nucleus(row: np.ndarray, top: float, temperature: float,
     Where the prefix that reaches top_p is the same for both totals, it is the reference's prefix, and its
     weights are all the law needs (top-p renormalises over what it keeps)."""
     n = len(row)
-    depth = temperature * (np.log(n) + DEPTH)
+    depth = temperature * (math.log(n) + DEPTH)  # a Python float: inf, not an overflow warning, at huge t
     stride = max(1, n // SAMPLE)
     if np.count_nonzero(row[::stride] >= top - depth) * stride > 4 * SMALL:  # plainly not peaked: not even a pass
         return None

@@ -32,17 +32,23 @@ CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")  # what con
 SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
 
 
-def vendored_llama_cpp(into: Path) -> Path:
+def vendored_llama_cpp(into: Path, parts: tuple[str, ...] | None = None) -> Path:
     """The llama.cpp tree that the installed llama-cpp-python vendors, from its sdist (pip download) extracted under
-    `into`: for its converter here, for llama-server in benchmarks/vs_llama_cpp.py."""
+    `into`: for its converter here (only `parts` of the tree, paths under vendor/llama.cpp), for llama-server in
+    benchmarks/vs_llama_cpp.py (the whole tree)."""
     version = importlib.metadata.version("llama-cpp-python")
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
-                           str(into), f"llama-cpp-python=={version}"], capture_output=True, text=True)
+    # the sdist alone: `--no-binary :all:` would build its build dependencies from source too (a minute on a core)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                           "-d", str(into), f"llama-cpp-python=={version}"], capture_output=True, text=True)
     if done.returncode != 0:
         raise EdgespecError(f"could not download the llama-cpp-python {version} sdist (its llama.cpp): "
                             f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
     with tarfile.open(next(into.glob("*.tar.gz"))) as sdist:
-        sdist.extractall(into, filter="data")
+        members = None
+        if parts is not None:
+            members = [m for m in sdist.getmembers()
+                       if any(f"/vendor/llama.cpp/{part}/" in m.name + "/" for part in parts)]
+        sdist.extractall(into, members=members, filter="data")
     return next(into.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
 
 
@@ -58,7 +64,7 @@ def llama_source() -> Path:
     # fetching at once (two conversions, two test workers) the first to finish fills the cache, the other uses it
     with (tempfile.TemporaryDirectory() as tmp,
           tempfile.TemporaryDirectory(prefix=f".{version}.", dir=root.parent, ignore_cleanup_errors=True) as partial):
-        vendor = vendored_llama_cpp(Path(tmp))
+        vendor = vendored_llama_cpp(Path(tmp), CONVERTER_PARTS)
         for part in CONVERTER_PARTS:
             (vendor / part).replace(Path(partial) / part)
         if not all((root / part).exists() for part in CONVERTER_PARTS):

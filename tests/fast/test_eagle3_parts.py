@@ -2,6 +2,7 @@
 entries' features and target rows lined up as drafting reads them, train-heads refusing an EAGLE-3 head it could
 not convert, and the converter's cache filled once by two fetches at once."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -59,7 +60,8 @@ def test_two_fetches_of_the_converter_at_once_leave_one_complete_cache_entry(tmp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     both_fetched = threading.Barrier(2)
 
-    def fetched(into):  # the sdist's tree, each fetch waiting until the other has one too
+    def fetched(into, parts):  # the sdist's tree, each fetch waiting until the other has one too
+        assert parts == eagle3.CONVERTER_PARTS
         tree = into / "llama.cpp"
         for part in eagle3.CONVERTER_PARTS:
             (tree / part).mkdir(parents=True)
@@ -77,3 +79,35 @@ def test_two_fetches_of_the_converter_at_once_leave_one_complete_cache_entry(tmp
     assert len(roots) == 2 and roots[0] == roots[1]
     assert sorted(p.name for p in roots[0].iterdir()) == sorted(eagle3.CONVERTER_PARTS)
     assert [p.name for p in roots[0].parent.iterdir()] == [roots[0].name]  # no partial folder left
+
+
+def test_the_converter_is_taken_from_the_sdist_alone(tmp_path, monkeypatch):
+    """pip downloads llama-cpp-python's sdist and no other package's source (`--no-binary :all:` built the build
+    dependencies from source too, a minute on a core), and only the converter's parts of its tree are extracted."""
+    import subprocess
+    import tarfile
+
+    from edgespec.export import eagle3
+
+    root = "llama_cpp_python-0.0.0/vendor/llama.cpp"
+    names = [f"{root}/convert_hf_to_gguf.py", f"{root}/conversion/llama.py", f"{root}/gguf-py/gguf/__init__.py",
+             f"{root}/convert_hf_to_gguf_update.py", f"{root}/src/llama.cpp", f"{root}/gguf-py-old/x.py"]
+    asked = []
+
+    def download(command, **kwargs):
+        asked.append(command)
+        into = Path(command[command.index("-d") + 1])
+        into.mkdir()
+        with tarfile.open(into / "llama_cpp_python-0.0.0.tar.gz", "w:gz") as sdist:
+            for name in names:
+                source = tmp_path / "file"
+                source.write_text(name)
+                sdist.add(source, arcname=name)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(eagle3.subprocess, "run", download)
+    tree = eagle3.vendored_llama_cpp(tmp_path / "sdist", eagle3.CONVERTER_PARTS)
+    (command,) = asked
+    assert command[command.index("--no-binary") + 1] == "llama-cpp-python" and "--no-deps" in command
+    kept = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
+    assert kept == ["conversion/llama.py", "convert_hf_to_gguf.py", "gguf-py/gguf/__init__.py"]
