@@ -72,16 +72,40 @@ def _row_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  # [V]
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
-        n_keep = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
         mask = np.zeros(n_vocab, dtype=bool)
-        mask[order[:n_keep]] = True
+        mask[_nucleus(probs, params.top_p, np.flatnonzero(keep) if 0 < params.top_k < n_vocab else None)] = True
         probs = np.where(mask, probs, 0.0)
     if params.min_p > 0.0:
         probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
     return probs / probs.sum()
+
+
+NUCLEUS_HEAD = 64  # the likeliest ids looked at first for top-p: a trained model's nucleus is usually fewer
+
+
+def _nucleus(probs: np.ndarray, top_p: float, kept: np.ndarray | None = None) -> np.ndarray:
+    """The ids top-p keeps: the smallest prefix of the ids by falling probability (ties by id) whose mass reaches
+    top_p, the id crossing it included. kept: the ascending ids top-k left (None: all).
+
+    Sorts only the likeliest ids first, top-k's or the NUCLEUS_HEAD likeliest with any tied with the last of them:
+    where their mass reaches top_p, their prefix is the row's, since every other id is less likely than each of
+    them. The whole row only where it does not: a stable sort of a 49k row costs several ms, a partition a tenth."""
+    ids = kept
+    if ids is None and len(probs) > 2 * NUCLEUS_HEAD:
+        bound = np.partition(probs, len(probs) - NUCLEUS_HEAD)[len(probs) - NUCLEUS_HEAD]
+        ids = np.flatnonzero(probs >= bound)  # every id at the bound or above it, ascending
+    if ids is not None:
+        order, n_keep = _prefix(probs[ids], top_p)
+        if n_keep <= len(ids):
+            return ids[order[:n_keep]]
+    order, n_keep = _prefix(probs, top_p)
+    return order[:n_keep]
+
+
+def _prefix(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, int]:
+    """(the ids by falling probability, ties by id; how many of them reach top_p, the crossing one included)."""
+    order = np.argsort(-probs, kind="stable")
+    return order, int(np.searchsorted(np.cumsum(probs[order]), top_p, side="left")) + 1
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
