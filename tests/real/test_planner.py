@@ -386,7 +386,7 @@ def check_peak(result, ctx=None):
 def test_peak_memory_of_the_default_model_with_ngram(default_gguf):
     from edgespec.bench import measure_peak
 
-    check_peak(measure_peak(str(default_gguf), "ngram", ctx=2048, device="auto"), ctx=2048)
+    check_peak(measure_peak(str(default_gguf), "ngram", ctx=1024, device="auto"), ctx=1024)
 
 
 def test_peak_memory_of_the_reference_pair(reference_pair, f32_info, q4_0_info):
@@ -395,18 +395,18 @@ def test_peak_memory_of_the_reference_pair(reference_pair, f32_info, q4_0_info):
     target, draft = reference_pair
     assert read_model_info(target).weight_bytes == f32_info.weight_bytes  # the stand-in of the fast tests is exact
     assert read_model_info(draft).weight_bytes == q4_0_info.weight_bytes
-    result = measure_peak(target, draft, ctx=2048, device="auto")
-    check_peak(result, ctx=2048)
+    result = measure_peak(target, draft, ctx=1024, device="auto")  # filled: 1024 tokens read by both models
+    check_peak(result, ctx=1024)
     assert result["plan"]["changes"] == [] and result["plan"]["models"][1]["kv_type"] == "f16"
 
 
 def test_peak_memory_of_the_reference_pair_under_a_budget(reference_pair):
     from edgespec.bench import measure_peak
 
-    result = measure_peak(*reference_pair, device="auto", budget="820MiB")
-    check_peak(result)
+    result = measure_peak(*reference_pair, ctx=1024, device="auto", budget="800MiB")
+    check_peak(result, ctx=1024)
     plan = result["plan"]
-    assert plan["changes"] and plan["total"] <= plan["capacity"] == 820 * MiB
+    assert plan["changes"] and plan["total"] <= plan["capacity"] == 800 * MiB
     assert plan["models"][0]["kv_type"] != "f16"  # the budget forced a smaller KV cache
 
 
@@ -420,13 +420,13 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
     from edgespec.plan import placement
 
     monkeypatch.setattr(placement, "gpu_name", lambda: "CUDA0")
-    engine = api.load(draft="ngram")
+    engine = api.load(draft="none")
     try:
         assert engine.plan is not None and engine.plan.profile.name == "auto"
     finally:
         engine.close()
     for layers in (0, "0", 12, "all"):
-        engine = api.load(draft="ngram", gpu_layers=layers)
+        engine = api.load(draft="none", gpu_layers=layers)
         try:  # asked for: no plan, the layers as given; a CPU build places none, a GPU build those, and says so
             n = placement.parse_gpu_layers(layers)
             assert engine.plan is None and engine.target.n_gpu_layers == n
@@ -436,7 +436,7 @@ def test_a_gpu_in_the_llama_cpp_build_puts_models_on_it_by_default(monkeypatch):
         finally:
             engine.close()
     monkeypatch.setattr(placement, "gpu_name", lambda: None)
-    engine = api.load(draft="ngram")
+    engine = api.load(draft="none")
     try:  # no GPU: as before, no plan and nothing offloaded
         assert engine.plan is None and engine.target.n_gpu_layers == 0
     finally:

@@ -54,7 +54,7 @@ def ask(client, content, **extra):
 
 def test_a_forced_call_validates_against_its_schema_every_time_and_the_draft_changes_nothing(client):
     drafted = 0
-    for content, name in ASKS:
+    for content, name in ASKS[::2]:  # every other ask: each function three times or more
         choice = {"type": "function", "function": {"name": name}}
         with_draft = ask(client, content, tool_choice=choice, extra_body={"draft_max": 4})  # drafting every round
         alone = ask(client, content, tool_choice=choice, extra_body={"draft_max": 0})
