@@ -40,15 +40,38 @@ def load_tokenizer(folder: str | Path):
 
 
 class HFModel:
-    """A causal LM checkpoint on the CPU in float32, as a parity LogitsModel."""
+    """A causal LM checkpoint on the CPU in float32, as a parity LogitsModel.
+
+    Its answers (logits, greedy continuations) are kept for the last checkpoint asked, keyed by its files' sizes and
+    times: exports of one checkpoint in one process (a pair's target and draft, each quantization) check parity
+    against the same source, which transformers then loads and runs once."""
+
+    _answers: dict = {}  # (checkpoint key, question) -> answer, for one checkpoint at a time
 
     def __init__(self, folder: str | Path):
         torch, transformers = _torch()
         self.folder = Path(folder)
-        self._torch = torch
+        self._torch, self._transformers = torch, transformers
         self.tokenizer = load_tokenizer(self.folder)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32)
-        self.model.eval()
+        self._model = None
+        self._key = (str(self.folder.resolve()), tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                                           for f in self.folder.iterdir() if f.is_file())))
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self._transformers.AutoModelForCausalLM.from_pretrained(self.folder,
+                                                                                  dtype=self._torch.float32)
+            self._model.eval()
+        return self._model
+
+    def _kept(self, question: tuple, answer):
+        """The answer to question for this checkpoint, computed by answer() the first time."""
+        if any(key != self._key for key, _ in HFModel._answers):
+            HFModel._answers.clear()
+        if (self._key, question) not in HFModel._answers:
+            HFModel._answers[self._key, question] = answer()
+        return HFModel._answers[self._key, question]
 
     @property
     def n_params(self) -> int:
@@ -58,11 +81,17 @@ class HFModel:
         return self.tokenizer(text)["input_ids"]
 
     def logits(self, ids: list[int]) -> np.ndarray:  # [T, V]
+        return self._kept(("logits", tuple(ids)), lambda: self._logits(ids)).copy()
+
+    def _logits(self, ids: list[int]) -> np.ndarray:
         with self._torch.no_grad():
             out = self.model(self._torch.tensor([ids]))
         return out.logits[0].float().numpy()
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
+        return list(self._kept(("greedy", tuple(ids), n), lambda: self._greedy(ids, n)))
+
+    def _greedy(self, ids: list[int], n: int) -> list[int]:
         with self._torch.no_grad():
             out = self.model.generate(self._torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                                       attention_mask=self._torch.ones(1, len(ids), dtype=self._torch.long))

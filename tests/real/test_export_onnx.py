@@ -1,6 +1,7 @@
 """ONNX export: optimum's exporter, onnxruntime's quantizers, a parity check, and nothing at `out` unless it passed."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,24 @@ def test_fp32_export_decodes_like_transformers(tiny_checkpoint, tiny_exports):
         greedy = exported.greedy(ids, 8)  # one cached step per token
         assert len(greedy) == 8
         assert greedy == source.greedy(ids, 8)
+
+
+def test_the_source_answers_once_for_each_export_of_a_checkpoint(tiny_checkpoint, tmp_path):
+    """A second look at the same checkpoint (the next export's parity) answers from what the first computed,
+    without loading the model; a checkpoint whose files changed is run again."""
+    ids = HFModel(tiny_checkpoint).tokenize("Once upon a time")
+    first = HFModel(tiny_checkpoint)
+    logits, greedy = first.logits(ids), first.greedy(ids, 6)
+    logits[:] = 0  # the caller's copy
+    again = HFModel(tiny_checkpoint)
+    np.testing.assert_array_equal(again.logits(ids), first._logits(ids))
+    assert again.greedy(ids, 6) == greedy and again._model is None
+    changed = shutil.copytree(tiny_checkpoint, tmp_path / "changed")
+    assert HFModel(changed).greedy(ids, 6) == greedy
+    weights = next(changed.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    other = HFModel(changed)
+    assert other.greedy(ids, 6) == greedy and other._model is not None
 
 
 @pytest.mark.parametrize("quant", ONNX_QUANTS)

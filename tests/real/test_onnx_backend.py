@@ -540,6 +540,7 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
     from edgespec.api import load
     from edgespec.drafts.auto import auto_draft
     from edgespec.drafts.heads import output_matrix
+    from edgespec.run import resolve_run
 
     assert auto_draft(smollm2_onnx) == "ngram+eagle"  # the default draft here: bench measured it faster
     gguf = LlamaBackend(smollm2_f32_gguf, n_ctx=256, hidden=True)
@@ -551,9 +552,9 @@ def test_heads_on_the_onnx_export_read_what_llama_cpp_gives_and_stay_exact(real_
     np.testing.assert_allclose(output_matrix(smollm2_onnx), output_matrix(smollm2_f32_gguf), atol=1e-6)
     gguf.close()
     onnx.close()
-    default = load(smollm2_onnx, n_ctx=256)
-    assert default.drafter.name.startswith("ngram+eagle:") and default.target.hidden
-    default.close()
+    default = resolve_run(smollm2_onnx, n_ctx=256)  # what load opens (the eagle engine below opens one)
+    draft = default.pair.draft  # the shipped EAGLE head behind prompt lookup, on a target giving hidden states
+    assert (draft.lookup_first, draft.kind, default.hidden) == (True, "eagle", True)
     engine = load(smollm2_onnx, "eagle", n_ctx=1024)
     drafted = accepted = 0
     for prompt in [row["prompt"] for row in read_prompts(None)][1::5]:
