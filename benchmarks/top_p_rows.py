@@ -26,8 +26,9 @@ SETTINGS = [SamplingParams(0.7, top_p=0.9), SamplingParams(1.0, top_p=0.95), Sam
 
 
 def by_definition(probs: np.ndarray, top_p: float, kept=None) -> np.ndarray:
-    order = np.argsort(-probs, kind="stable")
-    return order[:int(np.searchsorted(np.cumsum(probs[order]), top_p, side="left")) + 1]
+    """The nucleus from the whole row sorted: sampling's own fallback, for every row."""
+    order, n_keep = sampling._prefix(probs, top_p)
+    return order[:n_keep]
 
 
 def answer_rows(model: str, answers: int, tokens: int) -> np.ndarray:

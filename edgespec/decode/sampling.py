@@ -89,7 +89,8 @@ def _nucleus(probs: np.ndarray, top_p: float, kept: np.ndarray | None = None) ->
 
     Sorts only the likeliest ids first, top-k's or the NUCLEUS_HEAD likeliest with any tied with the last of them:
     where their mass reaches top_p, their prefix is the row's, since every other id is less likely than each of
-    them. The whole row only where it does not: a stable sort of a 49k row costs several ms, a partition a tenth."""
+    them. The whole row only where it does not (docs/results/2026-11-30-top-p-rows.md: a row's law at top-p 0.9 in
+    1.1 ms instead of 8 ms, 0.6 ms more where the head falls short)."""
     ids = kept
     if ids is None and len(probs) > 2 * NUCLEUS_HEAD:
         bound = np.partition(probs, len(probs) - NUCLEUS_HEAD)[len(probs) - NUCLEUS_HEAD]

@@ -46,7 +46,8 @@ class HFModel:
     times: exports of one checkpoint in one process (a pair's target and draft, each quantization) check parity
     against the same source, which transformers then loads and runs once."""
 
-    _answers: dict = {}  # (checkpoint key, question) -> answer, for one checkpoint at a time
+    _answers: dict = {}  # question -> answer, for the checkpoint _answered_key names
+    _answered_key: tuple | None = None
 
     def __init__(self, folder: str | Path):
         torch, transformers = _torch()
@@ -67,11 +68,11 @@ class HFModel:
 
     def _kept(self, question: tuple, answer):
         """The answer to question for this checkpoint, computed by answer() the first time."""
-        if any(key != self._key for key, _ in HFModel._answers):
-            HFModel._answers.clear()
-        if (self._key, question) not in HFModel._answers:
-            HFModel._answers[self._key, question] = answer()
-        return HFModel._answers[self._key, question]
+        if HFModel._answered_key != self._key:
+            HFModel._answers, HFModel._answered_key = {}, self._key
+        if question not in HFModel._answers:
+            HFModel._answers[question] = answer()
+        return HFModel._answers[question]
 
     @property
     def n_params(self) -> int:
