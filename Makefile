@@ -94,7 +94,7 @@ $(QAT_DRAFT): | pair
 		--prompts $(PAIR_DIR)/qat-prompts.jsonl --only-prompts --layers 30 --quant q4_0 --quant-aware --epochs 2 \
 		--lr 1e-4 --out $@
 
-# that draft, one more epoch with the f32 target's answers to the other 1215 built-in training prompts beside
+# that draft, one more epoch with the f32 target's answers to the other 1210 built-in training prompts beside
 # the first 585: about 31 minutes of answers and 20 of training on 2 CPU cores
 QAT_DRAFT_ALL := $(dir $(PAIR))draft-qat2-q4_0.gguf
 qat-draft-all: $(QAT_DRAFT_ALL)

@@ -443,7 +443,7 @@ def test_a_subset_drafts_loss_is_its_cross_entropy_over_the_subset(soft_checkpoi
 
 def test_make_targets_select_the_training_prompts_they_say(tmp_path, capsys):
     """make qat-draft trains on every third prompt of each category (at most 100: 585 prompts), make qat-draft-all
-    on the other 1215, in the file's order."""
+    on the other 1210, in the file's order."""
     from edgespec.train.prompts import main, read_train_prompts
 
     main(["--every", "3", "--at-most", "100"])
@@ -452,6 +452,6 @@ def test_make_targets_select_the_training_prompts_they_say(tmp_path, capsys):
     main(["--except", str(tmp_path / "first.jsonl")])
     rest = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     everything = read_train_prompts()
-    assert len(first) == 585 and len(rest) == len(everything) - 585 == 1215
+    assert len(first) == 585 and len(rest) == len(everything) - 585 == 1210
     assert rest == [x for x in everything if x not in first]
     assert all(sum(x["cat"] == c for x in first) <= 100 for c in {x["cat"] for x in first})
